@@ -1,0 +1,1 @@
+"""disttrain: PyTorch distributed training in one command."""

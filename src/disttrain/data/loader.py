@@ -1,0 +1,107 @@
+"""A resumable, reshardable distributed batch loader keyed by a *global* sample position.
+
+Step s consumes the global samples [s*G, (s+1)*G) of a seeded per-epoch permutation (G = global batch).
+Within a step, micro-batch m of data-parallel rank r holds positions ``(m*dp + r)*mb ... + mb``.
+The position is independent of the world size, so a job can stop at 4 ranks and resume at 2 over
+exactly the samples it has not seen yet; and any split of the global batch averages to the same loss
+as one process taking it whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """Stack a list of samples: tensors, tuples/lists of tensors, or dicts of tensors."""
+    first = items[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(list(items))
+    if isinstance(first, (tuple, list)):
+        return type(first)(collate([it[i] for it in items]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: collate([it[k] for it in items]) for k in first}
+    if isinstance(first, (int, float)):
+        return torch.tensor(items)
+    raise TypeError(
+        f"cannot batch samples of type {type(first).__name__}; a dataset item must be a tensor, "
+        "a tuple/list of tensors or a dict of tensors"
+    )
+
+
+class GlobalBatchLoader:
+    """Yields this rank's micro-batches for each optimizer step; ``state_dict`` is the global position."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        micro_batch: int,
+        accum_steps: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self.n = len(dataset)  # type: ignore[arg-type]
+        self.micro_batch = micro_batch
+        self.accum_steps = accum_steps
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.global_batch = micro_batch * accum_steps * dp_size
+        if self.n < self.global_batch:
+            raise ValueError(
+                f"the dataset has {self.n} samples, fewer than one global batch ({self.global_batch}); "
+                "lower --train.global_batch or use more data"
+            )
+        self.position = 0  # global samples consumed
+        self._epoch = -1
+        self._perm: torch.Tensor | None = None
+
+    def _index(self, pos: int) -> int:
+        epoch, offset = divmod(pos, self.n)
+        if not self.shuffle:
+            return offset
+        if epoch != self._epoch:
+            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._perm, self._epoch = torch.randperm(self.n, generator=gen), epoch
+        assert self._perm is not None
+        return int(self._perm[offset])
+
+    def micro_batch_positions(self, step_start: int, m: int) -> list[int]:
+        base = step_start + (m * self.dp_size + self.dp_rank) * self.micro_batch
+        return list(range(base, base + self.micro_batch))
+
+    def next_step(self) -> list[Any]:
+        """The ``accum_steps`` micro-batches of this rank for the next optimizer step."""
+        start = self.position
+        out = [
+            collate([self.dataset[self._index(p)] for p in self.micro_batch_positions(start, m)])
+            for m in range(self.accum_steps)
+        ]
+        self.position += self.global_batch
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])
+        self.seed = int(state.get("seed", self.seed))
+        self._epoch = -1
+
+
+def eval_batches(dataset: Dataset[Any], micro_batch: int, n_batches: int, dp_rank: int, dp_size: int) -> list[Any]:
+    """A fixed, evenly spread evaluation set, split across data-parallel ranks (same at every eval)."""
+    n = len(dataset)  # type: ignore[arg-type]
+    total = micro_batch * n_batches * dp_size
+    stride = max(n // total, 1)
+    idx = [(i * stride) % n for i in range(total)]
+    mine = idx[dp_rank::dp_size]
+    return [collate([dataset[i] for i in mine[b * micro_batch : (b + 1) * micro_batch]]) for b in range(n_batches)]

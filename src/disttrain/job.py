@@ -1,0 +1,163 @@
+"""One training job from a resolved config: the worker side of ``disttrain run``.
+
+The parent (``disttrain run``) validates the config, makes the run folder and writes ``config.toml``
+there, then starts the workers; each worker runs :func:`main` with that folder. Builds data and model,
+hands them to the :class:`Trainer`, then reports: final validation loss vs the unigram baseline, and a
+few lines of generated text for text models.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from disttrain.config import ConfigError, JobConfig, load_toml
+from disttrain.data.text import TextData, load_text_data
+from disttrain.dist.env import destroy_distributed, init_distributed
+from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.train.trainer import Trainer, resolve_strategy
+
+log = logging.getLogger("disttrain")
+
+
+def import_object(spec: str, what: str) -> Any:
+    """'pkg.mod:name' -> the object; ConfigError saying what failed otherwise."""
+    mod_name, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # any import-time error in user code
+        raise ConfigError(f"{what} {spec!r}: cannot import module {mod_name!r} ({type(e).__name__}: {e})") from None
+    obj = getattr(mod, attr, None)
+    if obj is None or not callable(obj):
+        raise ConfigError(f"{what} {spec!r}: module {mod_name!r} has no callable {attr!r}")
+    return obj
+
+
+def check_imports(cfg: JobConfig) -> None:
+    """Fail before launching workers if a user model/dataset path does not import."""
+    if cfg.model.module:
+        import_object(cfg.model.module, "model.module")
+    if cfg.data.module:
+        import_object(cfg.data.module, "data.module")
+
+
+def build_data(cfg: JobConfig) -> tuple[Dataset[Any], Dataset[Any] | None, TextData | None]:
+    if cfg.data.module:
+        out = import_object(cfg.data.module, "data.module")()
+        if isinstance(out, tuple) and len(out) == 2:
+            return out[0], out[1], None
+        return out, None, None
+    text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
+    return text.train, text.val, text
+
+
+def build_model(cfg: JobConfig, vocab_size: int | None, on_meta: bool) -> nn.Module:
+    """The configured model; on the meta device when FSDP will shard it (no full copy in memory)."""
+    if cfg.model.module:
+        factory = import_object(cfg.model.module, "model.module")
+        with torch.device("meta") if on_meta else torch.device("cpu"):
+            model = factory()
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model.module {cfg.model.module!r} returned {type(model).__name__}, not an nn.Module")
+        return model
+    if vocab_size is None:
+        raise ConfigError("the built-in GPT needs a text dataset (data.path) or a dataset with a vocab_size attribute")
+    m = cfg.model
+    gcfg = GPTConfig(vocab_size, m.n_layers, m.d_model, m.n_heads, m.context, m.dropout)
+    with torch.device("meta") if on_meta else torch.device("cpu"):
+        return GPT(gcfg, seed=cfg.train.seed)
+
+
+def setup_logging(run_dir: Path, rank: int) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.Module | None:
+    """A plain, unsharded copy of the model on rank 0 (collective: every rank must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not trainer.dims.fsdp_enabled:
+        return trainer.model.inner if trainer.env.is_main else None
+    sd = get_model_state_dict(trainer.model.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not trainer.env.is_main:
+        return None
+    plain = build_model(cfg, vocab, on_meta=False)
+    plain.load_state_dict(sd)
+    return plain.to(trainer.env.device)
+
+
+def main(run_dir: str | Path) -> int:
+    run_dir = Path(run_dir)
+    cfg = load_toml(run_dir / "config.toml")
+    env = init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
+    setup_logging(run_dir, env.rank)
+    t_start = time.time()
+    try:
+        train, val, text = build_data(cfg)
+        vocab = text.tokenizer.vocab_size if text else getattr(train, "vocab_size", None)
+        strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+        model = build_model(cfg, vocab, on_meta=strategy == "fsdp")
+        trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env)
+        result = trainer.fit()
+        summary: dict[str, Any] = {
+            "steps": trainer.step,
+            "strategy": trainer.dims.strategy,
+            "world_size": env.world_size,
+            "final_loss": result.losses[-1],
+            "final_val_loss": result.val_losses.get(trainer.step),
+            "skipped_steps": result.skipped_steps,
+            "tokens_per_s": result.tokens_per_s,
+            "mfu": result.mfu,
+            "peak_memory_bytes": result.peak_memory_bytes,
+            "wall_s": time.time() - t_start,
+        }
+        if text is not None:
+            summary["unigram_val_loss"] = text.unigram_loss()
+        sample = ""
+        if text is not None and cfg.train.generate_chars > 0 and isinstance(model, GPT):
+            plain = full_model_for_sampling(trainer, cfg, text.tokenizer.vocab_size)
+            if plain is not None:
+                assert isinstance(plain, GPT)
+                prompt = text.tokenizer.encode("\n").view(1, 1).to(env.device)
+                with trainer.model.autocast():
+                    out = plain.generate(prompt, cfg.train.generate_chars, seed=cfg.train.seed)
+                sample = text.tokenizer.decode(out[0, 1:].tolist())
+        if env.is_main:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            lines = [
+                f"done: {trainer.step} steps in {summary['wall_s']:.0f}s | final val loss "
+                f"{summary['final_val_loss']:.4f}"
+                + (f" (unigram baseline {summary['unigram_val_loss']:.4f})" if text is not None else "")
+                + f" | skipped steps {result.skipped_steps}"
+            ]
+            if sample:
+                (run_dir / "sample.txt").write_text(sample)
+                lines += ["--- sample ---", sample, "--------------"]
+            lines.append(f"run folder: {run_dir}")
+            for line in lines:
+                print(line, flush=True)
+                log.info(line)
+        return 0
+    except ConfigError as e:
+        if env.is_main:
+            print(f"disttrain: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        destroy_distributed()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

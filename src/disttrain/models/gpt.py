@@ -1,0 +1,127 @@
+"""The default model: a small GPT (pre-norm transformer decoder). Plain nn.Module, no distributed code.
+
+Initialisation is *per parameter name*: each parameter is drawn from its own generator seeded by
+(seed, name). The same weights therefore come out whether the model is built whole on one process, or
+built on the meta device and materialised shard by shard under FSDP at any world size
+(see :func:`disttrain.dist.init.materialize`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int
+    n_layers: int = 6
+    d_model: int = 384
+    n_heads: int = 6
+    context: int = 256
+    dropout: float = 0.0
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """One transformer block: the unit FSDP shards."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    """Character-level GPT; ``forward(idx) -> logits`` of shape (batch, time, vocab)."""
+
+    def __init__(self, cfg: GPTConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.init_seed = seed
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if not any(p.is_meta for p in self.parameters()):
+            with torch.no_grad():
+                for name, p in self.named_parameters():
+                    self.init_param(name, p)
+
+    def init_param(self, name: str, tensor: torch.Tensor) -> None:
+        """Fill ``tensor`` (the *full* parameter ``name``) deterministically from (seed, name)."""
+        gen = torch.Generator().manual_seed(self.init_seed * 1_000_003 + zlib.crc32(name.encode()))
+        if name.endswith("bias"):
+            tensor.zero_()
+        elif ".ln" in name or name.startswith("ln_"):
+            tensor.fill_(1.0)
+        else:
+            std = 0.02
+            if name.endswith("proj.weight"):  # residual projections (GPT-2 scaling)
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+            tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.cfg.context:
+            raise ValueError(f"sequence length {t} exceeds the model's context {self.cfg.context}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 x matmul params + attention (12 x layers x width x context)."""
+        c = self.cfg
+        matmul_params = sum(p.numel() for n, p in self.named_parameters() if n.endswith("weight") and p.dim() == 2)
+        matmul_params -= (c.context + c.vocab_size) * c.d_model  # embeddings are lookups, not matmuls
+        return 6.0 * matmul_params + 12.0 * c.n_layers * c.d_model * c.context
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, n: int, temperature: float = 0.8, seed: int = 0) -> torch.Tensor:
+        """Sample ``n`` tokens after ``idx`` (batch, time)."""
+        gen = torch.Generator(device=idx.device).manual_seed(seed)
+        for _ in range(n):
+            logits = self(idx[:, -self.cfg.context :])[:, -1].float() / temperature
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

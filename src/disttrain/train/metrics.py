@@ -1,0 +1,180 @@
+"""What a training step costs and how well it uses the hardware: throughput, MFU, memory; and the sinks.
+
+MFU = achieved FLOP/s per rank / peak FLOP/s of one device. The peak comes from ``metrics.peak_tflops``,
+else a table of known GPUs (dense bf16), else a matmul measured here on this device and dtype (CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+# Dense (no sparsity) peak TFLOP/s for bf16/fp16 tensor-core matmuls.
+GPU_PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "A10G": 125.0,
+    "L4": 121.0,
+    "V100": 125.0,
+    "B200": 2250.0,
+}
+
+
+def gpu_peak_tflops(name: str) -> float | None:
+    for key, val in GPU_PEAK_TFLOPS.items():
+        if key in name.upper():
+            return val
+    return None
+
+
+def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3, n: int = 1024) -> float:
+    """Sustained square-matmul TFLOP/s of this process on ``device`` (with its current thread count)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(3):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    iters, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(4):
+            a @ b
+        iters += 4
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
+
+
+def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None = None) -> tuple[float, str]:
+    """(peak TFLOP/s of one device, where the figure comes from)."""
+    if override:
+        return override, "config"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        known = gpu_peak_tflops(name)
+        if known is not None:
+            return (known if dtype != torch.float32 else known / 2), f"table:{name}"
+        return measure_matmul_tflops(device, dtype, n=8192), f"measured:{name}"
+    return measure_matmul_tflops(device, dtype), "measured:cpu-matmul"
+
+
+def flops_per_sample(model: nn.Module, sample_input: torch.Tensor, loss_fn: Any) -> float:
+    """Training FLOPs (forward + backward) of one sample, counted by FlopCounterMode on the plain model."""
+    per_token = getattr(model, "flops_per_token", None)
+    if callable(per_token) and not sample_input.is_floating_point():
+        return float(per_token()) * sample_input.numel()
+    device = next(model.parameters()).device
+    x = sample_input.unsqueeze(0).to(device)
+    with FlopCounterMode(display=False) as counter:
+        out = model(x)
+        out.float().sum().backward()
+    for p in model.parameters():
+        p.grad = None
+    return float(counter.get_total_flops())
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Allocator peak on CUDA; process peak RSS on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class MetricsSink:
+    """Writes one JSON object per logged step to ``metrics.jsonl`` (rank 0 only) and, optionally, TensorBoard."""
+
+    def __init__(self, run_dir: Path | None, enabled: bool, tensorboard: bool = False) -> None:
+        self.enabled = enabled and run_dir is not None
+        self.file: TextIO | None = None
+        self.tb: Any = None
+        if self.enabled and run_dir is not None:
+            self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, record.get("step", 0))
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Console:
+    """Rank 0's view of progress: a rich bar on a terminal, plain lines otherwise (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int, start: int, mode: str = "auto", stream: TextIO | None = None):
+        self.enabled = enabled and mode != "off"
+        self.stream = stream or sys.stdout
+        self.total = total
+        self.bar: Any = None
+        use_bar = mode == "bar" or (mode == "auto" and self.stream.isatty())
+        if self.enabled and use_bar:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+            self.bar.start()
+
+    def step(self, step: int, record: dict[str, Any] | None) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            info = (
+                ""
+                if record is None
+                else (
+                    f"loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.1f}%"
+                )
+            )
+            if info:
+                self.bar.update(self.task, completed=step, info=info)
+            else:
+                self.bar.update(self.task, completed=step)
+        elif record is not None:
+            self.print(
+                f"step {step:>6}/{self.total} | loss {record['loss']:.4f} | gnorm {record['grad_norm']:.3f} | "
+                f"lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.1f}% | "
+                f"{record['step_time_s'] * 1000:.0f} ms/step"
+            )
+
+    def print(self, msg: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.console.print(msg)
+        else:
+            print(msg, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

@@ -1,0 +1,271 @@
+"""The training loop: accumulation with sync on the last micro-step only, clipping with the global grad
+norm, a non-finite guard, warmup + cosine LR, periodic evaluation, metrics.
+
+``Trainer(model, dataset, config=...)`` takes a plain ``nn.Module`` (or one built on the meta device) and
+a map-style dataset of ``(input, target)`` pairs; it joins the process group torchrun set up (or runs
+alone), applies the configured strategy through :func:`disttrain.parallelize`, and runs the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from disttrain.config import JobConfig, resolve_batch
+from disttrain.data.loader import GlobalBatchLoader, eval_batches
+from disttrain.dist.env import DistEnv, init_distributed, seed_everything
+from disttrain.dist.fsdp import DTYPES
+from disttrain.dist.mesh import ParallelDims
+from disttrain.dist.strategy import Parallelized, parallelize
+from disttrain.train import metrics as M
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy for (batch, time, vocab) logits, in fp32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """'auto' -> ddp over several ranks, single alone (the memory planner will refine this)."""
+    if strategy == "auto":
+        return "ddp" if world_size > 1 else "single"
+    return strategy
+
+
+def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not biases, norms, embeddings)."""
+    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and id(p) not in emb else no_decay).append(p)
+    o = cfg.optim
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
+
+
+def lr_lambda(cfg: JobConfig) -> Callable[[int], float]:
+    """Linear warmup to the peak, then cosine decay to ``min_lr_ratio`` x peak at the last step."""
+    warm, total, floor = cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        span = max(total - warm - 1, 1)
+        progress = min((step - warm) / span, 1.0)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+@dataclass
+class FitResult:
+    """What a run produced (identical on every rank)."""
+
+    losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    val_losses: dict[int, float] = field(default_factory=dict)
+    skipped_steps: int = 0
+    tokens_per_s: float = 0.0
+    mfu: float = 0.0
+    peak_memory_bytes: list[int] = field(default_factory=list)
+
+
+class Trainer:
+    """Runs the built-in loop on any model + dataset + loss."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: Dataset[Any],
+        config: JobConfig | None = None,
+        *,
+        loss_fn: LossFn = cross_entropy,
+        val_data: Dataset[Any] | None = None,
+        run_dir: str | Path | None = None,
+        env: DistEnv | None = None,
+    ) -> None:
+        self.cfg = cfg = config or JobConfig()
+        self.env = env or init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.loss_fn = loss_fn
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        seed_everything(cfg.train.seed)
+        strategy = resolve_strategy(cfg.parallel.strategy, self.env.world_size)
+        self.dims = ParallelDims(strategy, self.env.world_size, cfg.parallel.replicate)
+        self.plan = resolve_batch(cfg.train, self.dims.dp_size)
+        dp_rank = self.env.rank
+        self.loader = GlobalBatchLoader(
+            train_data, self.plan.micro_batch, self.plan.accum_steps, dp_rank, self.dims.dp_size, cfg.train.seed
+        )
+        sample_x = self.loader.dataset[0][0]
+        self.tokens_per_sample = sample_x.numel() if not sample_x.is_floating_point() else 1
+        self.flops_per_sample = M.flops_per_sample(model, sample_x, loss_fn) if not _on_meta(model) else 0.0
+        self.model: Parallelized = parallelize(model, self.dims, self.env.device, cfg.parallel, cfg.precision)
+        if self.flops_per_sample == 0.0:
+            fpt = getattr(model, "flops_per_token", None)
+            self.flops_per_sample = float(fpt()) * self.tokens_per_sample if callable(fpt) else 0.0
+        self.optimizer = build_optimizer(self.model.module, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.val = (
+            eval_batches(val_data, self.plan.micro_batch, cfg.train.eval_batches, dp_rank, self.dims.dp_size)
+            if val_data is not None
+            else None
+        )
+        self.step = 0
+        self.skipped = 0
+        dtype = DTYPES[cfg.precision.dtype]
+        self.peak, self.peak_source = M.peak_tflops(self.env.device, dtype, cfg.metrics.peak_tflops)
+
+    # -- one step -------------------------------------------------------------------------------
+    def _to_device(self, batch: Any) -> Any:
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.env.device, non_blocking=True)
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self._to_device(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: self._to_device(v) for k, v in batch.items()}
+        return batch
+
+    def _all_reduce_mean(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+        if self.env.distributed:
+            dist.all_reduce(t)
+            t /= self.env.world_size
+        return t.tolist()
+
+    def _comm_device(self) -> torch.device:
+        return self.env.device if self.env.device.type == "cuda" else torch.device("cpu")
+
+    def train_step(self) -> tuple[float, float, bool]:
+        """One optimizer step over ``accum_steps`` micro-batches: (mean loss, grad norm, stepped?)."""
+        micro = self.loader.next_step()
+        n = len(micro)
+        loss_sum = torch.zeros((), device=self.env.device)
+        for i, batch in enumerate(micro):
+            x, y = self._to_device(batch)
+            with self.model.sync(i == n - 1):
+                with self.model.autocast():
+                    out = self.model(x)
+                loss = self.loss_fn(out, y)
+                (loss / n).backward()
+            loss_sum += loss.detach().float()
+        grad_norm = self.model.clip_grad_norm_(self.cfg.optim.grad_clip)
+        (loss_mean,) = self._all_reduce_mean([float(loss_sum) / n])
+        finite = math.isfinite(loss_mean) and math.isfinite(grad_norm)
+        if finite or not self.cfg.train.skip_nonfinite:
+            self.optimizer.step()
+        else:
+            self.skipped += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return loss_mean, grad_norm, finite
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the fixed validation batches, averaged over ranks."""
+        if not self.val:
+            return float("nan")
+        self.model.module.eval()
+        total = 0.0
+        for batch in self.val:
+            x, y = self._to_device(batch)
+            with self.model.autocast():
+                out = self.model(x)
+            total += float(self.loss_fn(out, y))
+        self.model.module.train()
+        (mean,) = self._all_reduce_mean([total / len(self.val)])
+        return mean
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def fit(self) -> FitResult:
+        cfg, env = self.cfg, self.env
+        res = FitResult()
+        sink = M.MetricsSink(self.run_dir, env.is_main, cfg.metrics.tensorboard)
+        console = M.Console(env.is_main, cfg.train.steps, self.step, cfg.metrics.progress)
+        console.print(
+            f"strategy {self.dims.strategy} x {env.world_size} rank(s) on {env.device.type} | "
+            f"global batch {self.plan.global_batch} = micro {self.plan.micro_batch} x accum "
+            f"{self.plan.accum_steps} x dp {self.plan.dp_size} | {cfg.precision.dtype} | "
+            f"peak {self.peak:.2f} TFLOP/s/rank ({self.peak_source})"
+        )
+        window_t, window_steps = time.perf_counter(), 0
+        try:
+            while self.step < cfg.train.steps:
+                t0 = time.perf_counter()
+                lr = self.optimizer.param_groups[0]["lr"]
+                loss, gnorm, finite = self.train_step()
+                dt = time.perf_counter() - t0
+                res.losses.append(loss)
+                res.grad_norms.append(gnorm)
+                window_steps += 1
+                last = self.step == cfg.train.steps
+                record = None
+                if self.step % cfg.metrics.log_interval == 0 or last or not finite:
+                    elapsed = time.perf_counter() - window_t
+                    record = self._record(loss, gnorm, lr, dt, elapsed, window_steps, finite)
+                    window_t, window_steps = time.perf_counter(), 0
+                    res.tokens_per_s, res.mfu = record["tokens_per_s"], record["mfu"]
+                    res.peak_memory_bytes = record["peak_memory_bytes"]
+                if (cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0) or last:
+                    val = self.evaluate()
+                    if not math.isnan(val):
+                        res.val_losses[self.step] = val
+                        record = {**(record or {"step": self.step}), "val_loss": val}
+                        console.print(f"step {self.step}: val loss {val:.4f}")
+                if record is not None:
+                    sink.write(record)
+                console.step(self.step, record if record and "loss" in record else None)
+        finally:
+            console.close()
+            sink.close()
+        res.skipped_steps = self.skipped
+        return res
+
+    def _record(
+        self, loss: float, gnorm: float, lr: float, dt: float, elapsed: float, steps: int, finite: bool
+    ) -> dict[str, Any]:
+        env = self.env
+        samples = self.plan.global_batch * steps
+        tokens_per_s = samples * self.tokens_per_sample / max(elapsed, 1e-9)
+        flops_per_rank = samples * self.flops_per_sample / env.world_size / max(elapsed, 1e-9)
+        mem = M.peak_memory_bytes(env.device)
+        mems = [mem]
+        if env.distributed:
+            t = torch.zeros(env.world_size, dtype=torch.int64, device=self._comm_device())
+            t[env.rank] = mem
+            dist.all_reduce(t)
+            mems = t.tolist()
+        return {
+            "step": self.step,
+            "loss": loss,
+            "grad_norm": gnorm,
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_rank": tokens_per_s / env.world_size,
+            "mfu": flops_per_rank / (self.peak * 1e12),
+            "step_time_s": elapsed / steps,
+            "last_step_time_s": dt,
+            "peak_memory_bytes": mems,
+            "skipped_steps": self.skipped,
+            "nonfinite": not finite,
+            "time": time.time(),
+        }
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
