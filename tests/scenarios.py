@@ -1,0 +1,98 @@
+"""Multi-process scenarios for the test suite, run under `disttrain launch -n N scenarios.py NAME OUT SPEC`.
+
+Each rank runs every variant in SPEC (a JSON list of {name, config}) inside one process group and
+writes its results to OUT/NAME.rank<r>.json; the pytest side compares them with a single-process
+reference. One launch per scenario keeps the suite fast (imports cost ~2 s per process here).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disttrain.config import from_dict
+from disttrain.data.text import load_text_data
+from disttrain.dist.env import init_distributed
+from disttrain.dist.fsdp import find_blocks
+from disttrain.job import build_model
+from disttrain.train.trainer import Trainer, resolve_strategy
+
+
+def fsdp_schedule(model: torch.nn.Module) -> dict[str, Any]:
+    """How many blocks each block prefetches, and its reshard flag, as FSDP2 recorded them."""
+    out = []
+    for b in find_blocks(model):
+        state = b._get_fsdp_state()  # type: ignore[operator]
+        group = state._fsdp_param_group
+        out.append(
+            {
+                "fwd": len(state._states_to_forward_prefetch),
+                "bwd": len(state._states_to_backward_prefetch),
+                "reshard": bool(group.post_forward_mesh_info is not None) if group else None,
+            }
+        )
+    return {"blocks": out}
+
+
+def sync_check(trainer: Trainer) -> dict[str, Any]:
+    """After a non-final micro-step no gradient is reduced; after the final one every rank agrees."""
+    model = trainer.model
+    micro = trainer.loader.next_step()
+    observed = []
+    for i, batch in enumerate(micro):
+        x, y = trainer._to_device(batch)
+        last = i == len(micro) - 1
+        with model.sync(last):
+            with model.autocast():
+                out = model(x)
+            (trainer.loss_fn(out, y) / len(micro)).backward()
+        p = next(model.parameters())
+        if trainer.dims.fsdp_enabled:
+            # FSDP2 keeps unsynced grads in its unsharded buffers; the sharded .grad appears only after sync.
+            observed.append({"grad_present": p.grad is not None})
+        else:
+            g = p.grad.detach().flatten()[:64].clone()
+            gathered = [torch.zeros_like(g) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, g)
+            observed.append({"ranks_agree": all(torch.equal(gathered[0], t) for t in gathered)})
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return {"micro_steps": observed}
+
+
+def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
+    cfg = from_dict(spec["config"])
+    torch.manual_seed(cfg.train.seed)
+    text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
+    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+    model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy == "fsdp")
+    trainer = Trainer(model, text.train, cfg, val_data=text.val, env=env)
+    out: dict[str, Any] = {"strategy": trainer.dims.strategy, "accum": trainer.plan.accum_steps}
+    if spec.get("check") == "sync":
+        out.update(sync_check(trainer))
+        return out
+    if trainer.dims.fsdp_enabled:
+        out["schedule"] = fsdp_schedule(trainer.model.module)
+    res = trainer.fit()
+    out.update(losses=res.losses, grad_norms=res.grad_norms, val=res.val_losses, skipped=res.skipped_steps)
+    out["tokens_per_s"] = res.tokens_per_s
+    return out
+
+
+def main() -> None:
+    name, out_dir, spec_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    specs = json.loads(spec_path.read_text())
+    env = init_distributed("cpu", timeout_s=60, threads=1)
+    results = {s["name"]: run_variant(s, env) for s in specs}
+    (out_dir / f"{name}.rank{env.rank}.json").write_text(json.dumps(results))
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

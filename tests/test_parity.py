@@ -1,0 +1,137 @@
+"""Distributed training equals single-process training: DDP and FSDP2 on real gloo processes.
+
+Each scenario runs several variants inside one process group (see scenarios.py); the single-process
+reference runs the same variants on one rank with the same global batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from conftest import run_scenario, tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def variants(data: Path, strategy: str, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    par = {"strategy": strategy}
+    out = [
+        {"name": "fp32", "config": tiny_config(data, parallel=par)},
+        {"name": "bf16", "config": tiny_config(data, parallel=par, precision={"dtype": "bf16"})},
+        # 4 micro-steps of 2 samples per rank at 2 ranks == one step of 16 in one process
+        {
+            "name": "accum",
+            "config": tiny_config(data, parallel=par, train={"micro_batch": 16 if strategy == "single" else 2}),
+        },
+    ]
+    return out + (extra or [])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, list[dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("parity")
+    par_fsdp = {"strategy": "fsdp"}
+    sync = {"check": "sync"}
+    fsdp_extra = [
+        {
+            "name": "prefetch",
+            "config": tiny_config(small_text, parallel={**par_fsdp, "forward_prefetch": 2, "backward_prefetch": 2}),
+        },
+        {
+            "name": "no_reshard",
+            "config": tiny_config(small_text, parallel={**par_fsdp, "reshard_after_forward": "never"}),
+        },
+        {"name": "sync", **sync, "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 2})},
+    ]
+    ddp_extra = [
+        {
+            "name": "sync",
+            **sync,
+            "config": tiny_config(small_text, parallel={"strategy": "ddp"}, train={"micro_batch": 2}),
+        }
+    ]
+    return {
+        "single": run_scenario(tmp, "single", 1, variants(small_text, "single")),
+        "ddp2": run_scenario(tmp, "ddp2", 2, variants(small_text, "ddp", ddp_extra)),
+        "fsdp2": run_scenario(tmp, "fsdp2", 2, variants(small_text, "fsdp", fsdp_extra)),
+        "fsdp4": run_scenario(
+            tmp,
+            "fsdp4",
+            4,
+            [{"name": "fp32", "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 4})}],
+        ),
+    }
+
+
+def losses(r: dict[str, Any], variant: str) -> torch.Tensor:
+    return torch.tensor(r[variant]["losses"], dtype=torch.float64)
+
+
+FP32 = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.mark.parametrize("job", ["ddp2", "fsdp2", "fsdp4"])
+def test_fp32_losses_match_single_process(results: dict[str, Any], job: str) -> None:
+    ref = losses(results["single"][0], "fp32")
+    assert len(ref) == 20 and ref[-1] < ref[0] - 0.5, "the reference must actually train"
+    for rank_result in results[job]:
+        assert rank_result["fp32"]["strategy"] == job[:-1]
+        assert_close(losses(rank_result, "fp32"), ref, **FP32)
+
+
+@pytest.mark.parametrize("job", ["ddp2", "fsdp2"])
+def test_bf16_losses_match_single_process_loosely(results: dict[str, Any], job: str) -> None:
+    ref = losses(results["single"][0], "bf16")
+    got = losses(results[job][0], "bf16")
+    assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    # and bf16 really is a different computation from fp32 (the test would catch a silently-ignored dtype)
+    assert not torch.equal(got, losses(results[job][0], "fp32"))
+
+
+@pytest.mark.parametrize("job", ["ddp2", "fsdp2"])
+def test_accumulation_equals_one_full_batch_step(results: dict[str, Any], job: str) -> None:
+    assert results[job][0]["accum"]["accum"] == 4
+    assert results["single"][0]["accum"]["accum"] == 1
+    assert_close(losses(results[job][0], "accum"), losses(results["single"][0], "accum"), **FP32)
+
+
+def test_ddp_grads_are_not_synced_before_the_last_micro_step(results: dict[str, Any]) -> None:
+    steps = results["ddp2"][0]["sync"]["micro_steps"]
+    assert [s["ranks_agree"] for s in steps] == [False, False, False, True]
+
+
+def test_fsdp_grads_are_not_reduced_before_the_last_micro_step(results: dict[str, Any]) -> None:
+    steps = results["fsdp2"][0]["sync"]["micro_steps"]
+    assert [s["grad_present"] for s in steps] == [False, False, False, True]
+
+
+def test_prefetch_and_reshard_change_the_schedule_not_the_numbers(results: dict[str, Any]) -> None:
+    r = results["fsdp2"][0]
+    default = [b["fwd"] for b in r["fp32"]["schedule"]["blocks"]]
+    prefetch = r["prefetch"]["schedule"]["blocks"]
+    assert default == [0, 0]
+    assert [b["fwd"] for b in prefetch] == [1, 0] and [b["bwd"] for b in prefetch] == [0, 1]
+    assert [b["reshard"] for b in r["fp32"]["schedule"]["blocks"]] == [True, False]
+    assert [b["reshard"] for b in r["no_reshard"]["schedule"]["blocks"]] == [False, False]
+    for variant in ("prefetch", "no_reshard"):
+        assert_close(losses(r, variant), losses(r, "fp32"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("job", ["ddp2", "fsdp2", "fsdp4"])
+def test_grad_norm_is_the_global_norm(results: dict[str, Any], job: str) -> None:
+    ref = torch.tensor(results["single"][0]["fp32"]["grad_norms"])
+    for rank_result in results[job]:
+        assert_close(torch.tensor(rank_result["fp32"]["grad_norms"]), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_every_rank_reports_the_same_numbers(results: dict[str, Any]) -> None:
+    for job in ("ddp2", "fsdp2", "fsdp4"):
+        first = results[job][0]["fp32"]
+        for other in results[job][1:]:
+            assert other["fp32"]["losses"] == first["losses"]
+            assert other["fp32"]["grad_norms"] == first["grad_norms"]
