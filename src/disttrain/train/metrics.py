@@ -100,7 +100,7 @@ class MetricsSink:
         self.file: TextIO | None = None
         self.tb: Any = None
         if self.enabled and run_dir is not None:
-            self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+            self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
