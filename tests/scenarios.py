@@ -19,8 +19,9 @@ from disttrain.config import from_dict
 from disttrain.data.text import load_text_data
 from disttrain.dist.env import init_distributed
 from disttrain.dist.fsdp import find_blocks
+from disttrain.dist.strategy import resolve_strategy
 from disttrain.job import build_model
-from disttrain.train.trainer import Trainer, resolve_strategy
+from disttrain.train.trainer import Trainer
 
 
 def fsdp_schedule(model: torch.nn.Module) -> dict[str, Any]:

@@ -404,7 +404,7 @@ def check_override_keys(argv: list[str]) -> None:
 
 def _one_line(captured: str) -> str:
     """Squeeze tyro's boxed error message into one line (the text before its first separator)."""
-    lines = []
+    lines: list[str] = []
     for raw in captured.splitlines():
         text = raw.strip().strip("│╭╮╰╯─ ").strip()
         if "────" in raw and lines:

@@ -23,8 +23,9 @@ from torch.utils.data import Dataset
 from disttrain.config import ConfigError, JobConfig, load_toml
 from disttrain.data.text import TextData, load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
+from disttrain.dist.strategy import resolve_strategy
 from disttrain.models.gpt import GPT, GPTConfig
-from disttrain.train.trainer import Trainer, resolve_strategy
+from disttrain.train.trainer import Trainer
 
 log = logging.getLogger("disttrain")
 

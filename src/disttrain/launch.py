@@ -99,8 +99,8 @@ def resolve_job(cfg: JobConfig) -> JobConfig:
     """Fill in what the user left to us (device, nproc, strategy) and check everything that needs them."""
     from disttrain.dist.env import resolve_device_type
     from disttrain.dist.mesh import ParallelDims
+    from disttrain.dist.strategy import resolve_strategy
     from disttrain.job import check_imports
-    from disttrain.train.trainer import resolve_strategy
 
     try:
         device = resolve_device_type(cfg.parallel.device)
@@ -116,7 +116,7 @@ def resolve_job(cfg: JobConfig) -> JobConfig:
     check_imports(cfg)
     return dataclasses.replace(
         cfg,
-        parallel=dataclasses.replace(cfg.parallel, nproc=nproc, device=device, strategy=strategy),
+        parallel=dataclasses.replace(cfg.parallel, nproc=nproc, device=device, strategy=strategy),  # type: ignore[arg-type]
     )
 
 

@@ -26,7 +26,7 @@ from disttrain.data.loader import GlobalBatchLoader, eval_batches
 from disttrain.dist.env import DistEnv, init_distributed, seed_everything
 from disttrain.dist.fsdp import DTYPES
 from disttrain.dist.mesh import ParallelDims
-from disttrain.dist.strategy import Parallelized, parallelize
+from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
 from disttrain.train import metrics as M
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -37,17 +37,11 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def resolve_strategy(strategy: str, world_size: int) -> str:
-    """'auto' -> ddp over several ranks, single alone (the memory planner will refine this)."""
-    if strategy == "auto":
-        return "ddp" if world_size > 1 else "single"
-    return strategy
-
-
 def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not biases, norms, embeddings)."""
     emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 and id(p) not in emb else no_decay).append(p)
@@ -114,7 +108,9 @@ class Trainer:
         sample_x = self.loader.dataset[0][0]
         self.tokens_per_sample = sample_x.numel() if not sample_x.is_floating_point() else 1
         self.flops_per_sample = M.flops_per_sample(model, sample_x, loss_fn) if not _on_meta(model) else 0.0
-        self.model: Parallelized = parallelize(model, self.dims, self.env.device, cfg.parallel, cfg.precision)
+        self.model: Parallelized = parallelize(
+            model, cfg.parallel, cfg.precision, dims=self.dims, device=self.env.device
+        )
         if self.flops_per_sample == 0.0:
             fpt = getattr(model, "flops_per_token", None)
             self.flops_per_sample = float(fpt()) * self.tokens_per_sample if callable(fpt) else 0.0
