@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from disttrain.config import from_dict
 from disttrain.data.text import load_text_data
-from disttrain.dist.env import init_distributed
+from disttrain.dist.env import destroy_distributed, init_distributed
 from disttrain.dist.fsdp import find_blocks
 from disttrain.dist.strategy import resolve_strategy
 from disttrain.job import build_model
@@ -90,9 +90,7 @@ def main() -> None:
     env = init_distributed("cpu", timeout_s=60, threads=1)
     results = {s["name"]: run_variant(s, env) for s in specs}
     (out_dir / f"{name}.rank{env.rank}.json").write_text(json.dumps(results))
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    destroy_distributed()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,179 @@
+"""Shared helpers for the benchmarks: side-by-side timing, multi-rank launch, tables and JSON results.
+
+This machine is shared and noisy, so every comparison is a ratio of variants measured in the same
+process, interleaved block by block (the order flips every round, ABBA style, so a slow drift in load
+hits every variant alike), with medians over rounds. ``paired`` ratios divide the two variants' times of
+the *same* round before taking the median; they are the figures the benchmarks report.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DISTTRAIN = Path(sys.executable).with_name("disttrain")
+
+
+# -- where we are -------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    flags = ""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pass
+    return {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "amx": "amx_bf16" in flags,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def one_thread() -> None:
+    """One intra-op thread per process (per rank), as the benchmarks compare per-core figures."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+# -- timing -------------------------------------------------------------------------------------------
+def interleave(
+    variants: dict[str, Callable[[int], Any]],
+    *,
+    steps_per_block: int,
+    rounds: int,
+    warmup: int,
+    before_block: Callable[[], None] | None = None,
+    between_rounds: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """Run each variant's ``run(n)`` for ``warmup`` steps, then ``rounds`` rounds of one block each.
+
+    Returns seconds per step for every (variant, round). Round r runs the variants in order when r is
+    even and in reverse when odd. ``before_block`` runs untimed before every block (a barrier, say).
+    """
+    names = list(variants)
+    for name in names:
+        if warmup:
+            variants[name](warmup)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            if before_block is not None:
+                before_block()
+            t0 = time.perf_counter()
+            variants[name](steps_per_block)
+            times[name].append((time.perf_counter() - t0) / steps_per_block)
+        if between_rounds is not None:
+            between_rounds(r)
+    return times
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
+    """Median over rounds of num[r] / den[r] (e.g. t_plain / t_disttrain = throughput ratio)."""
+    return median([a / b for a, b in zip(num, den, strict=True)])
+
+
+def spread(xs: Sequence[float]) -> tuple[float, float]:
+    """(lower, upper) quartiles: how much the rounds disagree."""
+    if len(xs) < 4:
+        return min(xs), max(xs)
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+# -- multi-rank ---------------------------------------------------------------------------------------
+def launch(nproc: int, script: Path, args: list[str], timeout: float = 600.0) -> None:
+    """``disttrain launch -n nproc script args`` with one thread per rank; raise if it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [str(DISTTRAIN), "launch", "-n", str(nproc), str(script), *args]
+    proc = subprocess.run(cmd, env=env, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark workers failed (exit {proc.returncode}): {' '.join(cmd)}")
+
+
+def is_worker() -> bool:
+    """True inside a rank started by ``disttrain launch`` (torchrun sets RANK)."""
+    return "RANK" in os.environ
+
+
+def launch_and_collect(nproc: int, script: Path, args: list[str]) -> list[dict[str, Any]]:
+    """Launch workers that each write ``OUT/rank<r>.json``; return the ranks' results in rank order."""
+    with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
+        launch(nproc, script, [*args, "--out", tmp])
+        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def write_rank_result(out_dir: str, rank: int, data: dict[str, Any]) -> None:
+    path = Path(out_dir) / f"rank{rank}.json"
+    path.write_text(json.dumps(data))
+
+
+# -- output -------------------------------------------------------------------------------------------
+def table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> str:
+    """A plain-text table (right-aligned numbers), returned and printed."""
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    for row in cells:
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)
+
+
+def write_results(name: str, data: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/NAME.json`` (with the machine description) and return its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **data}, indent=2) + "\n")
+    print(f"results: {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+def verdict(value: float, goal: float, higher_is_better: bool = True) -> str:
+    ok = value >= goal if higher_is_better else value <= goal
+    return "met" if ok else "MISSED"

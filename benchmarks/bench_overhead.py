@@ -1,0 +1,223 @@
+"""disttrain's Trainer vs a plain hand-written PyTorch loop: throughput ratio for DDP and for FSDP2.
+
+Both variants train the same GPT (4 blocks, width 256, context 128 by default) in bf16 on the same batch
+size, on 2 ranks (gloo, one thread each), inside one launch: blocks of steps alternate between the two so
+the machine's noise hits both alike. The plain loop is what one writes by hand from the PyTorch docs:
+
+* DDP: ``DistributedDataParallel(model)``, ``torch.autocast(bf16)`` around the forward;
+* FSDP2: ``fully_shard`` each block then the root, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
+
+then fp32 cross-entropy, backward, ``clip_grad_norm_(1.0)``, AdamW (foreach, decay on matrices only),
+warmup + cosine LR, ``loss.item()``. disttrain runs ``Trainer.fit()`` (metrics every 10 steps, console off,
+``metrics.peak_tflops`` set so no matmul is timed at start-up). Goal: disttrain / plain >= 0.97.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--rounds 20] [--steps-per-block 2] [--micro-batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import _common as C
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+GOAL = 0.97
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=20, help="timed blocks per variant (median over them)")
+    p.add_argument("--steps-per-block", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--strategies", default="ddp,fsdp")
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)  # set for the workers
+    return p.parse_args(argv)
+
+
+# -- the plain loop -------------------------------------------------------------------------------------
+class PlainLoop:
+    """A hand-written training loop, no disttrain code in the step (the model class is shared)."""
+
+    def __init__(self, strategy: str, args: argparse.Namespace, vocab: int, data: Any, total_steps: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from disttrain.models.gpt import GPT, GPTConfig
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.strategy = strategy
+        torch.manual_seed(1234)
+        model = GPT(GPTConfig(vocab, args.layers, args.width, args.heads, args.context), seed=1234)
+        if strategy == "ddp":
+            self.model: nn.Module = DDP(model)
+        else:
+            mesh = init_device_mesh("cpu", (self.world,))
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
+            self.model = model
+        emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        decay = [p for p in self.model.parameters() if p.dim() >= 2 and id(p) not in emb]
+        rest = [p for p in self.model.parameters() if not (p.dim() >= 2 and id(p) not in emb)]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+            lr=3e-3,
+            betas=(0.9, 0.95),
+            foreach=True,
+        )
+        self.data = data
+        self.micro = args.micro_batch
+        self.gen = torch.Generator().manual_seed(1234 + self.rank)
+        self.total = total_steps
+        self.step_no = 0
+
+    def lr(self, step: int, peak: float = 3e-3, warm: int = 30, floor: float = 0.1) -> float:
+        if step < warm:
+            return peak * (step + 1) / warm
+        progress = min((step - warm) / max(self.total - warm - 1, 1), 1.0)
+        return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.randint(len(self.data), (self.micro,), generator=self.gen).tolist()
+        xs, ys = zip(*(self.data[i] for i in idx), strict=True)
+        return torch.stack(xs), torch.stack(ys)
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            for g in self.opt.param_groups:
+                g["lr"] = self.lr(self.step_no)
+            x, y = self.batch()
+            if self.strategy == "ddp":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = self.model(x)
+            else:
+                logits = self.model(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            loss.item()
+            self.step_no += 1
+
+
+# -- disttrain -----------------------------------------------------------------------------------------
+def make_trainer(strategy: str, args: argparse.Namespace, text: Any, env: Any, total_steps: int) -> Any:
+    from disttrain.config import from_dict
+    from disttrain.job import build_model
+    from disttrain.train.trainer import Trainer
+
+    cfg = from_dict(
+        {
+            "model": {"n_layers": args.layers, "d_model": args.width, "n_heads": args.heads, "context": args.context},
+            "train": {
+                "steps": total_steps,
+                "global_batch": args.micro_batch * env.world_size,
+                "micro_batch": args.micro_batch,
+                "eval_interval": 0,
+                "generate_chars": 0,
+            },
+            "parallel": {"strategy": strategy, "device": "cpu"},
+            "precision": {"dtype": "bf16"},
+            "metrics": {"peak_tflops": 1.0, "progress": "off"},
+        }
+    )
+    model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy == "fsdp")
+    return Trainer(model, text.train, cfg, env=env)
+
+
+def worker(args: argparse.Namespace) -> None:
+    C.one_thread()
+    from disttrain.data.text import load_text_data
+    from disttrain.dist.env import destroy_distributed, init_distributed
+
+    env = init_distributed("cpu", threads=1)
+    text = load_text_data(None, args.context, 0.1)
+    total = args.warmup + args.rounds * args.steps_per_block
+    out: dict[str, Any] = {}
+    for strategy in args.strategies.split(","):
+        trainer = make_trainer(strategy, args, text, env, total)
+        plain = PlainLoop(strategy, args, text.tokenizer.vocab_size, text.train, total)
+
+        def run_trainer(n: int, trainer: Any = trainer) -> None:
+            trainer.cfg.train.steps = trainer.step + n  # fit() runs until this step
+            trainer.fit()
+
+        times = C.interleave(
+            {"disttrain": run_trainer, "plain": plain.run},
+            steps_per_block=args.steps_per_block,
+            rounds=args.rounds,
+            warmup=args.warmup,
+            before_block=dist.barrier,
+        )
+        # The slowest rank sets the pace: take the max over ranks of each block's time.
+        gathered: list[Any] = [None] * env.world_size
+        dist.all_gather_object(gathered, times)
+        out[strategy] = {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
+        del trainer, plain
+    C.write_rank_result(args.out, env.rank, out)
+    destroy_distributed()
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if C.is_worker():
+        worker(args)
+        return
+    ranks = C.launch_and_collect(args.nproc, Path(__file__), argv)
+    res = ranks[0]
+    rows, figures = [], {}
+    for strategy, times in res.items():
+        ratio = C.paired_ratio(times["plain"], times["disttrain"])
+        per_round = [p / d for p, d in zip(times["plain"], times["disttrain"], strict=True)]
+        lo, hi = C.spread(per_round)
+        figures[strategy] = {
+            "throughput_ratio_disttrain_over_plain": ratio,
+            "ratio_quartiles": [lo, hi],
+            "disttrain_s_per_step_median": C.median(times["disttrain"]),
+            "plain_s_per_step_median": C.median(times["plain"]),
+            "goal": GOAL,
+            "verdict": C.verdict(ratio, GOAL),
+            "times_s_per_step": times,
+        }
+        rows.append(
+            [
+                strategy,
+                C.median(times["plain"]) * 1e3,
+                C.median(times["disttrain"]) * 1e3,
+                ratio,
+                f"{lo:.3f}-{hi:.3f}",
+                f">= {GOAL}",
+                C.verdict(ratio, GOAL),
+            ]
+        )
+    C.table(
+        ["strategy", "plain ms/step", "disttrain ms/step", "ratio", "IQR", "goal", ""],
+        rows,
+        title=(
+            f"Trainer vs plain PyTorch loop: {args.nproc} ranks, GPT {args.layers}x{args.width} ctx {args.context}, "
+            f"micro-batch {args.micro_batch}, bf16; ratio = disttrain throughput / plain (median of "
+            f"{args.rounds} paired rounds of {args.steps_per_block} steps)"
+        ),
+    )
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    C.write_results("bench_overhead", {"config": config, "results": figures})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
