@@ -78,6 +78,15 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
         return out
     if trainer.dims.fsdp_enabled:
         out["schedule"] = fsdp_schedule(trainer.model.module)
+    if "nan_at" in spec:  # {"rank": r, "call": k}: the k-th loss on rank r is NaN
+        poison, calls, inner = spec["nan_at"], [0], trainer.loss_fn
+
+        def poisoned(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1
+            loss = inner(logits, targets)
+            return loss * float("nan") if env.rank == poison["rank"] and calls[0] == poison["call"] else loss
+
+        trainer.loss_fn = poisoned
     res = trainer.fit()
     out.update(losses=res.losses, grad_norms=res.grad_norms, val=res.val_losses, skipped=res.skipped_steps)
     out["tokens_per_s"] = res.tokens_per_s

@@ -48,12 +48,22 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         },
         {"name": "sync", **sync, "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 2})},
     ]
+
+    def guards(strategy: str) -> list[dict[str, Any]]:
+        par = {"strategy": strategy}
+        return [
+            {"name": "nan", "nan_at": {"rank": 1, "call": 4}, "config": tiny_config(small_text, parallel=par)},
+            {"name": "fp16", "config": tiny_config(small_text, parallel=par, precision={"dtype": "fp16"})},
+        ]
+
+    fsdp_extra += guards("fsdp")
     ddp_extra = [
         {
             "name": "sync",
             **sync,
             "config": tiny_config(small_text, parallel={"strategy": "ddp"}, train={"micro_batch": 2}),
-        }
+        },
+        *guards("ddp"),
     ]
     return {
         "single": run_scenario(tmp, "single", 1, variants(small_text, "single")),
@@ -135,3 +145,27 @@ def test_every_rank_reports_the_same_numbers(results: dict[str, Any]) -> None:
         for other in results[job][1:]:
             assert other["fp32"]["losses"] == first["losses"]
             assert other["fp32"]["grad_norms"] == first["grad_norms"]
+
+
+@pytest.mark.parametrize("job", ["ddp2", "fsdp2"])
+def test_nan_on_one_rank_skips_the_step_on_every_rank(results: dict[str, Any], job: str) -> None:
+    ref = losses(results[job][0], "fp32")
+    for rank_result in results[job]:
+        r = rank_result["nan"]
+        assert r["skipped"] == 1
+        got = losses(rank_result, "nan")
+        assert torch.isnan(got[3]) and torch.isfinite(got[4:]).all()
+        assert_close(got[:3], ref[:3], rtol=0, atol=0)  # identical until the poisoned step
+        assert not torch.equal(got[4:], ref[4:])  # one update fewer: a different trajectory afterwards
+    assert results[job][0]["nan"]["losses"][4:] == results[job][1]["nan"]["losses"][4:]
+
+
+@pytest.mark.parametrize("job", ["ddp2", "fsdp2"])
+def test_fp16_with_loss_scaling_trains(results: dict[str, Any], job: str) -> None:
+    r = results[job][0]["fp16"]
+    got = losses(results[job][0], "fp16")
+    # the scaler starts at 2**16 and halves on overflow: those few steps are skipped and counted
+    assert 0 < r["skipped"] <= 4 and torch.isfinite(got).all()
+    fp32 = losses(results[job][0], "fp32")
+    assert got[-1] < got[0] - 0.5 and abs(float(got[-1] - fp32[-1])) < 0.15
+    assert_close(got[:5], fp32[:5], rtol=1e-2, atol=1e-2)  # before any overflow: fp32 to fp16 precision

@@ -102,7 +102,12 @@ class MetricsSink:
         if self.enabled and run_dir is not None:
             self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
             if tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError:
+                    raise RuntimeError(
+                        "metrics.tensorboard needs the tensorboard package: pip install tensorboard"
+                    ) from None
 
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
 

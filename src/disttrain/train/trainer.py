@@ -64,6 +64,17 @@ def lr_lambda(cfg: JobConfig) -> Callable[[int], float]:
     return f
 
 
+def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
+    if dtype != "fp16":
+        return None
+    if dims.fsdp_enabled:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type)
+
+
 @dataclass
 class FitResult:
     """What a run produced (identical on every rank)."""
@@ -121,6 +132,7 @@ class Trainer:
             if val_data is not None
             else None
         )
+        self.scaler = make_grad_scaler(cfg.precision.dtype, self.dims, self.env.device)
         self.step = 0
         self.skipped = 0
         dtype = DTYPES[cfg.precision.dtype]
@@ -157,15 +169,24 @@ class Trainer:
                 with self.model.autocast():
                     out = self.model(x)
                 loss = self.loss_fn(out, y)
-                (loss / n).backward()
+                scaled = loss / n
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach().float()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # clip and measure true gradients
         grad_norm = self.model.clip_grad_norm_(self.cfg.optim.grad_clip)
         (loss_mean,) = self._all_reduce_mean([float(loss_sum) / n])
+        # Both figures are global (all-reduced), so every rank takes the same decision.
         finite = math.isfinite(loss_mean) and math.isfinite(grad_norm)
         if finite or not self.cfg.train.skip_nonfinite:
-            self.optimizer.step()
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
         else:
             self.skipped += 1
+        if self.scaler:
+            self.scaler.update()  # an fp16 overflow lowers the scale for the next step
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
