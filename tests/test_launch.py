@@ -1,0 +1,56 @@
+"""`disttrain launch` gives a script torchrun's environment and restarts it; `run` on one process needs no group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import disttrain
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPT = """
+import json, os, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+rank = int(os.environ["RANK"])
+env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")}
+(out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps({"env": env, "args": sys.argv[2:]}))
+if attempt == 0 and rank == 1:
+    sys.exit(3)  # the first attempt fails on one rank; torchrun restarts the whole group
+"""
+
+
+def test_launch_sets_torchrun_env_and_restarts(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    proc = disttrain("launch", "-n", "2", "--max-restarts", "1", str(script), str(tmp_path), "--flag", "x")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            got = json.loads((tmp_path / f"attempt{attempt}.rank{rank}.json").read_text())
+            assert got["env"]["RANK"] == str(rank) and got["env"]["WORLD_SIZE"] == "2"
+            assert got["env"]["LOCAL_RANK"] == str(rank) and got["env"]["OMP_NUM_THREADS"] == "1"
+            assert got["args"] == ["--flag", "x"]
+
+
+def test_launch_reports_a_failure_without_restarts(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    proc = disttrain("launch", "-n", "2", str(script), str(tmp_path))
+    assert proc.returncode == 1
+    assert "disttrain: rank 1 failed with exit code 3" in proc.stderr
+
+
+def test_single_process_run_needs_no_process_group(tmp_path: Path, small_text: Path) -> None:
+    proc = disttrain(
+        "run", "--parallel.nproc", "1", "--data.path", str(small_text), "--model.n-layers", "1",
+        "--model.d-model", "32", "--model.n-heads", "2", "--model.context", "32", "--train.steps", "3",
+        "--train.generate-chars", "10", "--run.root", str(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "strategy single x 1 rank(s)" in proc.stdout
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert json.loads((run / "summary.json").read_text())["strategy"] == "single"
