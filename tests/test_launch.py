@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

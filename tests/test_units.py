@@ -108,3 +108,15 @@ def test_job_config_defaults_are_the_documented_default_job() -> None:
     assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.context) == (6, 384, 6, 256)
     n = sum(p.numel() for p in GPT(GPTConfig(81)).parameters())
     assert 10e6 < n < 11.5e6
+
+
+def test_flops_per_sample_of_any_model_even_on_meta() -> None:
+    from disttrain.train.metrics import flops_per_sample
+
+    with torch.device("meta"):
+        mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 1))
+    # forward 2*(32*64 + 64*1); backward: weight grads of both layers + input grad of the second only
+    fwd = 2 * (32 * 64 + 64)
+    assert flops_per_sample(mlp, torch.randn(32)) == fwd + fwd + 2 * 64
+    gpt = GPT(TINY)
+    assert flops_per_sample(gpt, torch.zeros(16, dtype=torch.long)) == gpt.flops_per_token() * 16

@@ -70,8 +70,9 @@ def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None
     return measure_matmul_tflops(device, dtype), "measured:cpu-matmul"
 
 
-def flops_per_sample(model: nn.Module, sample_input: torch.Tensor, loss_fn: Any) -> float:
-    """Training FLOPs (forward + backward) of one sample, counted by FlopCounterMode on the plain model."""
+def flops_per_sample(model: nn.Module, sample_input: torch.Tensor) -> float:
+    """Training FLOPs (forward + backward) of one sample: the model's ``flops_per_token()`` if it has one,
+    else counted by FlopCounterMode on the plain model (on the meta device for a meta model: no compute)."""
     per_token = getattr(model, "flops_per_token", None)
     if callable(per_token) and not sample_input.is_floating_point():
         return float(per_token()) * sample_input.numel()

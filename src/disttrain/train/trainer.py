@@ -118,13 +118,10 @@ class Trainer:
         )
         sample_x = self.loader.dataset[0][0]
         self.tokens_per_sample = sample_x.numel() if not sample_x.is_floating_point() else 1
-        self.flops_per_sample = M.flops_per_sample(model, sample_x, loss_fn) if not _on_meta(model) else 0.0
+        self.flops_per_sample = M.flops_per_sample(model, sample_x)  # before sharding: the whole model's
         self.model: Parallelized = parallelize(
             model, cfg.parallel, cfg.precision, dims=self.dims, device=self.env.device
         )
-        if self.flops_per_sample == 0.0:
-            fpt = getattr(model, "flops_per_token", None)
-            self.flops_per_sample = float(fpt()) * self.tokens_per_sample if callable(fpt) else 0.0
         self.optimizer = build_optimizer(self.model.module, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.val = (
@@ -282,7 +279,3 @@ class Trainer:
             "nonfinite": not finite,
             "time": time.time(),
         }
-
-
-def _on_meta(model: nn.Module) -> bool:
-    return any(p.is_meta for p in model.parameters())
