@@ -65,3 +65,10 @@ def test_print_config_resolves_toml_then_overrides(tmp_path: Path) -> None:
 def test_unknown_command_and_missing_script(tmp_path: Path) -> None:
     one_line_error(disttrain("trian", cwd=tmp_path), "unknown command 'trian'")
     one_line_error(disttrain("launch", "-n", "2", "nope.py", cwd=tmp_path), "script 'nope.py' does not exist")
+
+
+def test_run_help_lists_every_option_and_the_config_flags(tmp_path: Path) -> None:
+    proc = disttrain("run", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--config FILE", "--print-config", "--train.steps", "--parallel.forward-prefetch", "--precision.dtype"):
+        assert flag in proc.stdout, flag

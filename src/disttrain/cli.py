@@ -22,6 +22,8 @@ def _run(argv: list[str]) -> int:
     p.add_argument("--config", default=None)
     p.add_argument("--print-config", action="store_true")
     known, rest = p.parse_known_args(argv)
+    if any(a in ("-h", "--help") for a in rest):
+        print(RUN_HELP)
     cfg = load_toml(known.config) if known.config else JobConfig()
     cfg = apply_overrides(cfg, rest)
     if known.print_config:
@@ -45,6 +47,12 @@ def _launch(argv: list[str]) -> int:
     launch = LaunchConfig(a.nnodes, a.node_rank, a.rdzv_endpoint, a.max_restarts)
     return launch_script(a.nproc, launch, a.script, a.args)
 
+
+RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key value ...]
+
+  --config FILE     read the job from a TOML file ([train] steps = 500, ...); options below override it
+  --print-config    print the resolved config (TOML) and exit without training
+"""
 
 COMMANDS = {"run": _run, "launch": _launch}
 
