@@ -70,5 +70,6 @@ def test_unknown_command_and_missing_script(tmp_path: Path) -> None:
 def test_run_help_lists_every_option_and_the_config_flags(tmp_path: Path) -> None:
     proc = disttrain("run", "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--config FILE", "--print-config", "--train.steps", "--parallel.forward-prefetch", "--precision.dtype"):
+    flags = ("--config FILE", "--print-config", "--train.steps", "--parallel.forward-prefetch", "--precision.dtype")
+    for flag in flags:
         assert flag in proc.stdout, flag
