@@ -225,6 +225,37 @@ class MetricsConfig:
 
 
 @dataclasses.dataclass
+class CheckpointConfig:
+    """Sharded distributed checkpoints (DCP): when, how, what is kept, where to resume from."""
+
+    folder: str = "checkpoints"
+    """Checkpoint folder (relative paths are inside the run folder)."""
+    interval: int = 100
+    """Save every N steps (0 = only the final save)."""
+    keep_latest: int = 2
+    """Complete checkpoints kept (older ones are purged in the background); at least 2."""
+    async_mode: Literal["off", "thread", "process"] = "thread"
+    """off: the loop waits for the write; thread/process: it waits only for the copy to CPU memory."""
+    save_final: Literal["full", "model_only", "none"] = "full"
+    """At the end: a full checkpoint, the model weights alone (export_dtype), or nothing."""
+    export_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """dtype of the model_only final save."""
+    resume: str = "auto"
+    """auto (newest complete checkpoint), never, a step number, or a checkpoint path."""
+
+    def __post_init__(self) -> None:
+        _check(self.interval >= 0, f"checkpoint.interval must be >= 0, got {self.interval}")
+        _check(
+            self.keep_latest >= 2,
+            f"checkpoint.keep_latest must be >= 2 (so a crash during a save leaves one), got {self.keep_latest}",
+        )
+        _check(
+            self.resume in ("auto", "never") or self.resume.isdigit() or "/" in self.resume,
+            f"checkpoint.resume must be auto, never, a step number or a path, got {self.resume!r}",
+        )
+
+
+@dataclasses.dataclass
 class LaunchConfig:
     """Processes, nodes and restarts (torchrun semantics)."""
 
@@ -267,6 +298,7 @@ class JobConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
 

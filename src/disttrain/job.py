@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from disttrain.checkpoint import CheckpointError, CheckpointManager
 from disttrain.config import ConfigError, JobConfig, load_toml
 from disttrain.data.text import TextData, load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
@@ -112,7 +113,15 @@ def main(run_dir: str | Path) -> int:
         vocab = text.tokenizer.vocab_size if text else getattr(train, "vocab_size", None)
         strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
         model = build_model(cfg, vocab, on_meta=strategy == "fsdp")
-        trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env)
+        ckpt_dir = Path(cfg.checkpoint.folder)
+        ckpt = CheckpointManager(
+            ckpt_dir if ckpt_dir.is_absolute() else run_dir / ckpt_dir,
+            cfg.checkpoint,
+            rank=env.rank,
+            world_size=env.world_size,
+            strategy=strategy,
+        )
+        trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env, checkpoint=ckpt)
         result = trainer.fit()
         summary: dict[str, Any] = {
             "steps": trainer.step,
@@ -153,7 +162,7 @@ def main(run_dir: str | Path) -> int:
                 print(line, flush=True)
                 log.info(line)
         return 0
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         if env.is_main:
             print(f"disttrain: error: {e}", file=sys.stderr, flush=True)
         return 2

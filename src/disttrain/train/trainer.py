@@ -8,6 +8,7 @@ alone), applies the configured strategy through :func:`disttrain.parallelize`, a
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -19,9 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
+from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model, fault_point
 from disttrain.config import JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches
 from disttrain.dist.env import DistEnv, init_distributed, seed_everything
@@ -84,6 +87,8 @@ def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> to
 class FitResult:
     """What a run produced (identical on every rank)."""
 
+    start_step: int = 0
+    """The step training started from (> 0 after a resume); ``losses[i]`` is step start_step + i + 1."""
     losses: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     val_losses: dict[int, float] = field(default_factory=dict)
@@ -106,11 +111,13 @@ class Trainer:
         val_data: Dataset[Any] | None = None,
         run_dir: str | Path | None = None,
         env: DistEnv | None = None,
+        checkpoint: CheckpointManager | None = None,
     ) -> None:
         self.cfg = cfg = config or JobConfig()
         self.env = env or init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.loss_fn = loss_fn
+        self.checkpoint = checkpoint
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         seed_everything(cfg.train.seed)
@@ -162,6 +169,7 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step over ``accum_steps`` micro-batches: (mean loss, grad norm, stepped?)."""
+        fault_point("step", self.step + 1, self.env.rank)  # tests: DISTTRAIN_FAULT=step:<k>:<rank>
         micro = self.loader.next_step()
         n = len(micro)
         loss_sum = torch.zeros((), device=self.env.device)
@@ -210,10 +218,35 @@ class Trainer:
         (mean,) = self._all_reduce_mean([total / len(self.val)])
         return mean
 
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything an exact resume needs, as DCP Stateful objects."""
+        return {"app": ModelOptimState(self.model.module, self.optimizer), "train": _LoopState(self)}
+
+    def resume(self) -> CheckpointInfo | None:
+        """Load the checkpoint ``checkpoint.resume`` names (auto: the newest complete one), if any."""
+        if self.checkpoint is None:
+            return None
+        info = self.checkpoint.resolve(self.cfg.checkpoint.resume)
+        if info is not None:
+            self.checkpoint.load(self.state(), info)
+        return info
+
+    def _save_final(self) -> None:
+        ck, mode = self.checkpoint, self.cfg.checkpoint.save_final
+        if ck is None:
+            return
+        if mode == "full" and ck.last_saved_step != self.step:
+            ck.save(self.step, self.state())
+        elif mode == "model_only" and self.run_dir is not None:
+            export_live_model(self.model.module, self.run_dir / "model.safetensors", self.cfg.checkpoint.export_dtype)
+        ck.close()
+
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> FitResult:
         cfg, env = self.cfg, self.env
-        res = FitResult()
+        resumed = self.resume()
+        res = FitResult(start_step=self.step)
         sink = M.MetricsSink(self.run_dir, env.is_main, cfg.metrics.tensorboard)
         console = M.Console(env.is_main, cfg.train.steps, self.step, cfg.metrics.progress)
         console.print(
@@ -222,6 +255,9 @@ class Trainer:
             f"{self.plan.accum_steps} x dp {self.plan.dp_size} | {cfg.precision.dtype} | "
             f"peak {self.peak:.2f} TFLOP/s/rank ({self.peak_source})"
         )
+        if resumed is not None:
+            console.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
+        interval = cfg.checkpoint.interval if self.checkpoint else 0
         window_t, window_steps = time.perf_counter(), 0
         try:
             while self.step < cfg.train.steps:
@@ -249,6 +285,10 @@ class Trainer:
                 if record is not None:
                     sink.write(record)
                 console.step(self.step, record if record and "loss" in record else None)
+                if interval and self.step % interval == 0 and not last:
+                    assert self.checkpoint is not None
+                    self.checkpoint.save(self.step, self.state())
+            self._save_final()
         finally:
             console.close()
             sink.close()
@@ -284,3 +324,24 @@ class Trainer:
             "nonfinite": not finite,
             "time": time.time(),
         }
+
+
+class _LoopState(Stateful):
+    """The loop's own state: step, skipped steps, global data position, LR schedule, loss scale."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.t = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        t = self.t
+        extra = {"scheduler": t.scheduler.state_dict(), "scaler": t.scaler.state_dict() if t.scaler else None}
+        return {"step": t.step, "skipped": t.skipped, "position": t.loader.position, "extra": json.dumps(extra)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        t = self.t
+        t.step, t.skipped = int(state["step"]), int(state["skipped"])
+        t.loader.load_state_dict({"position": int(state["position"]), "seed": t.loader.seed})
+        extra = json.loads(state["extra"])
+        t.scheduler.load_state_dict(extra["scheduler"])
+        if t.scaler is not None and extra["scaler"] is not None:
+            t.scaler.load_state_dict(extra["scaler"])
