@@ -32,12 +32,14 @@ def small_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def disttrain(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run the real `disttrain` command."""
+def disttrain(
+    *args: str, cwd: Path | None = None, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `disttrain` command (``env`` adds variables, e.g. DISTTRAIN_FAULT)."""
     return subprocess.run(
         [str(BIN / "disttrain"), *args],
         cwd=cwd,
-        env=child_env(),
+        env={**child_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttrain.checkpoint import CheckpointManager
 from disttrain.config import from_dict
+from disttrain.data.loader import collate
 from disttrain.data.text import load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
 from disttrain.dist.fsdp import find_blocks
@@ -65,14 +67,51 @@ def sync_check(trainer: Trainer) -> dict[str, Any]:
     return {"micro_steps": observed}
 
 
+@torch.no_grad()
+def fixed_batch_loss(trainer: Trainer, batch: Any) -> float:
+    """The same 8 windows on every rank (every rank takes part: FSDP gathers parameters)."""
+    x, y = trainer._to_device(batch)
+    with trainer.model.autocast():
+        return float(trainer.loss_fn(trainer.model(x), y))
+
+
+def probe(trainer: Trainer, fixed: Any) -> dict[str, Any]:
+    """What a checkpoint must carry over: model outputs on fixed batches, Adam moments and step, data position."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    _, osd = get_state_dict(
+        trainer.model.module, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    digest = {
+        f"{fqn}.{k}": float(v.double().sum()) if v.dim() else float(v)
+        for fqn, st in osd["state"].items()
+        for k, v in st.items()
+    }
+    return {
+        "step": trainer.step,
+        "position": trainer.loader.position,
+        "fixed_loss": fixed_batch_loss(trainer, fixed),
+        "optim": digest,
+        "lr": trainer.optimizer.param_groups[0]["lr"],
+    }
+
+
 def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     cfg = from_dict(spec["config"])
     torch.manual_seed(cfg.train.seed)
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
     model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy == "fsdp")
-    trainer = Trainer(model, text.train, cfg, val_data=text.val, env=env)
+    fixed = collate([text.val[i * 97] for i in range(8)])
+    ckpt = None
+    if "ckpt_folder" in spec:
+        ckpt = CheckpointManager(spec["ckpt_folder"], cfg.checkpoint, rank=env.rank, world_size=env.world_size,
+                                 strategy=strategy)  # fmt: skip
+    trainer = Trainer(model, text.train, cfg, val_data=text.val, env=env, checkpoint=ckpt)
     out: dict[str, Any] = {"strategy": trainer.dims.strategy, "accum": trainer.plan.accum_steps}
+    if spec.get("probe") == "after_resume":
+        trainer.resume()
+        out["probe"] = probe(trainer, fixed)
     if spec.get("check") == "sync":
         out.update(sync_check(trainer))
         return out
@@ -88,7 +127,15 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
 
         trainer.loss_fn = poisoned
     res = trainer.fit()
-    out.update(losses=res.losses, grad_norms=res.grad_norms, val=res.val_losses, skipped=res.skipped_steps)
+    if spec.get("probe") == "after_fit":
+        out["probe"] = probe(trainer, fixed)
+    out.update(
+        start_step=res.start_step,
+        losses=res.losses,
+        grad_norms=res.grad_norms,
+        val=res.val_losses,
+        skipped=res.skipped_steps,
+    )
     out["tokens_per_s"] = res.tokens_per_s
     return out
 
