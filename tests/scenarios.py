@@ -79,9 +79,7 @@ def probe(trainer: Trainer, fixed: Any) -> dict[str, Any]:
     """What a checkpoint must carry over: model outputs on fixed batches, Adam moments and step, data position."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    _, osd = get_state_dict(
-        trainer.model.module, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    _, osd = get_state_dict(trainer.model.module, trainer.optimizer, options=StateDictOptions(full_state_dict=True))
     digest = {
         f"{fqn}.{k}": float(v.double().sum()) if v.dim() else float(v)
         for fqn, st in osd["state"].items()

@@ -223,6 +223,7 @@ class CheckpointManager:
         self.last_saved_step: int | None = None
         self.blocked_s: list[float] = []  # training-thread time spent per save (staging for async)
         self.failures: list[str] = []
+        self._t_save = 0.0
         self._pg = None
         if dist.is_initialized() and cfg.async_mode != "off":
             # async saves run collectives from a background thread: give them their own gloo group
@@ -235,6 +236,7 @@ class CheckpointManager:
         """Checkpoint ``state`` (Stateful objects and plain dicts) as step ``step``; async if configured."""
         t0 = time.perf_counter()
         self.wait()  # one save in flight at most
+        self._t_save = time.time()
         tmp = self.folder / f".tmp-step-{step:08d}"
         if self.rank == 0:
             if tmp.exists():
@@ -311,7 +313,9 @@ class CheckpointManager:
             fault_point("before_marker", step, self.rank)
             _write_synced(final / MARKER, b"ok\n")
             _fsync_dir(final)
-            log.info("checkpoint step %d committed: %s", step, final)
+            log.info(
+                "checkpoint step %d committed: %s (%.2fs after the save began)", step, final, time.time() - self._t_save
+            )
             self._purge_in_background()
         self.last_saved_step = step
 

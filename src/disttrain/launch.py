@@ -79,6 +79,8 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc, device_type)))
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
     args = get_args_parser().parse_args(argv)

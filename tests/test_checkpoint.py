@@ -1,0 +1,217 @@
+"""Checkpoints: exact resume after kill -9, load on another world size / strategy, crashes during a save,
+corrupt files skipped, keep-k purge. Faults are injected on purpose (DISTTRAIN_FAULT, see checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from conftest import disttrain, run_scenario, tiny_config
+from disttrain.checkpoint import CheckpointManager, ModelOptimState, inspect_folder, list_checkpoints
+from disttrain.config import CheckpointConfig
+from disttrain.models.gpt import GPT, GPTConfig
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def tiny_args(data: Path, root: Path, name: str, *extra: str) -> list[str]:
+    return [
+        "run", "--data.path", str(data), "--model.n-layers", "2", "--model.d-model", "64", "--model.n-heads", "4",
+        "--model.context", "32", "--train.steps", "12", "--train.global-batch", "16", "--train.micro-batch", "8",
+        "--train.eval-interval", "0", "--train.generate-chars", "0", "--precision.dtype", "fp32",
+        "--metrics.log-interval", "1", "--metrics.peak-tflops", "1", "--checkpoint.interval", "4",
+        "--run.root", str(root), "--run.name", name, *extra,
+    ]  # fmt: skip
+
+
+def losses_by_step(run: Path) -> dict[int, float]:
+    """The last loss logged for each step (a restarted job logs the replayed steps again)."""
+    out: dict[int, float] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+@pytest.mark.slow
+def test_kill9_restart_resumes_the_exact_trajectory(tmp_path: Path, small_text: Path) -> None:
+    ref = disttrain(*tiny_args(small_text, tmp_path, "ref"), cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    crash = disttrain(
+        *tiny_args(small_text, tmp_path, "crash", "--launch.max-restarts", "1"),
+        cwd=tmp_path,
+        env={"DISTTRAIN_FAULT": "step:11:1"},  # SIGKILL rank 1 as it starts step 11 (first attempt only)
+    )
+    assert crash.returncode == 0, crash.stderr[-3000:]
+    # the async save of step 8 may still be in flight at step 11 (then it is lost, never half-committed)
+    m = re.search(r"resumed from \S+step-(\d{8}) \(step (\d+), sample (\d+)\)", crash.stdout)
+    assert m, crash.stdout
+    assert int(m.group(1)) in (4, 8) and int(m.group(3)) == int(m.group(2)) * 16
+    want, got = losses_by_step(tmp_path / "ref"), losses_by_step(tmp_path / "crash")
+    assert sorted(got) == list(range(1, 13))
+    assert got == want  # bitwise: fp32 on CPU, same data order, same optimizer and scheduler state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "fault"),
+    [("off", "before_shards:8:1"), ("thread", "after_shards:8:0"), ("off", "before_marker:8:0")],
+)
+def test_crash_during_a_save_leaves_the_previous_checkpoint(
+    tmp_path: Path, small_text: Path, mode: str, fault: str
+) -> None:
+    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", mode)
+    first = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": fault})
+    assert first.returncode != 0
+    folder = tmp_path / "r" / "checkpoints"
+    usable = [i.step for i in list_checkpoints(folder) if i.usable]
+    assert usable == [4], [(i.path.name, i.problem) for i in list_checkpoints(folder)]
+    again = disttrain(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "step-00000004" in again.stdout
+
+
+# -- resharding: 4-rank FSDP -> 2-rank FSDP, 1 process, 2-rank DDP; DDP -> FSDP -------------------------
+@pytest.fixture(scope="module")
+def reshard(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("reshard")
+
+    def spec(name: str, strategy: str, micro: int, folder: Path, resume: str | None = None) -> dict[str, Any]:
+        """Train 6 steps and save (resume=None), or load ``resume`` and train on to step 8 without saving."""
+        cfg = tiny_config(small_text, parallel={"strategy": strategy}, train={"micro_batch": micro})
+        if resume is None:
+            cfg["train"]["steps"] = 6
+            cfg["checkpoint"] = {"interval": 0, "resume": "never", "save_final": "full"}
+        else:
+            cfg["train"]["steps"] = 8
+            cfg["checkpoint"] = {"interval": 0, "resume": resume, "save_final": "none"}
+        return {"name": name, "config": cfg, "ckpt_folder": str(folder),
+                "probe": "after_fit" if resume is None else "after_resume"}  # fmt: skip
+
+    f4, f2 = tmp / "fsdp4", tmp / "ddp2"
+    from4 = str(f4 / "step-00000006")
+    out = {"fsdp4": run_scenario(tmp, "save4", 4, [spec("save", "fsdp", 4, f4)])}
+    out["ddp2"] = run_scenario(tmp, "ddp2", 2, [spec("load4", "ddp", 8, f2, resume=from4), spec("save", "ddp", 8, f2)])
+    out["fsdp2"] = run_scenario(
+        tmp,
+        "fsdp2",
+        2,
+        [spec("load4", "fsdp", 8, tmp / "x", resume=from4),
+         spec("load_ddp", "fsdp", 8, tmp / "y", resume=str(f2 / "step-00000006"))],
+    )  # fmt: skip
+    out["single"] = run_scenario(tmp, "single", 1, [spec("load4", "single", 8, tmp / "z", resume=from4)])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["fsdp2", "single", "ddp2"])
+def test_fsdp4_checkpoint_loads_on_other_world_sizes_and_strategies(reshard: dict[str, Any], target: str) -> None:
+    saved = reshard["fsdp4"][0]["save"]["probe"]
+    for rank_result in reshard[target]:
+        got = rank_result["load4"]["probe"]
+        assert got["step"] == 6 and got["position"] == 6 * 16  # continues over the samples not yet seen
+        assert got["fixed_loss"] == pytest.approx(saved["fixed_loss"], rel=1e-6, abs=1e-7)
+        assert got["lr"] == pytest.approx(saved["lr"])
+        assert got["optim"].keys() == saved["optim"].keys() and len(saved["optim"]) > 10
+        for k, v in saved["optim"].items():
+            assert got["optim"][k] == pytest.approx(v, rel=1e-5, abs=1e-8), k
+        assert rank_result["load4"]["start_step"] == 6 and len(rank_result["load4"]["losses"]) == 2
+
+
+@pytest.mark.slow
+def test_training_continues_identically_whatever_the_world_size(reshard: dict[str, Any]) -> None:
+    ref = torch.tensor(reshard["single"][0]["load4"]["losses"])
+    for target in ("fsdp2", "ddp2"):
+        assert_close(torch.tensor(reshard[target][0]["load4"]["losses"]), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_ddp_checkpoint_loads_into_fsdp(reshard: dict[str, Any]) -> None:
+    saved = reshard["ddp2"][0]["save"]["probe"]
+    got = reshard["fsdp2"][0]["load_ddp"]["probe"]
+    assert got["fixed_loss"] == pytest.approx(saved["fixed_loss"], rel=1e-6, abs=1e-7)
+    for k, v in saved["optim"].items():
+        assert got["optim"][k] == pytest.approx(v, rel=1e-5, abs=1e-8), k
+
+
+# -- one process, no process group: corrupt files, purge ----------------------------------------------
+def make_checkpoints(folder: Path, steps: list[int], keep: int = 2) -> tuple[CheckpointManager, GPT]:
+    model = GPT(GPTConfig(vocab_size=20, n_layers=1, d_model=16, n_heads=2, context=8))
+    opt = torch.optim.AdamW(model.parameters())
+    mgr = CheckpointManager(folder, CheckpointConfig(async_mode="off", keep_latest=keep))
+    for s in steps:
+        model(torch.randint(0, 20, (2, 8))).sum().backward()
+        opt.step()
+        mgr.save(s, {"app": ModelOptimState(model, opt)})
+    mgr.close()
+    return mgr, model
+
+
+def test_keep_latest_purges_exactly_the_old_ones(tmp_path: Path) -> None:
+    mgr, _ = make_checkpoints(tmp_path, [1, 2, 3, 4, 5], keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
+    (tmp_path / ".tmp-step-00000003").mkdir()  # an old unfinished save: purged
+    (tmp_path / ".tmp-step-00000009").mkdir()  # a newer unfinished one: kept (it may still be running)
+    shutil.rmtree(tmp_path / "step-00000005" / "rng")  # the newest is now broken: step 4 must survive
+    mgr.purge()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-step-00000009", "step-00000004", "step-00000005"]
+
+
+def test_corrupt_checkpoints_are_detected_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mgr, _ = make_checkpoints(tmp_path, [1, 2, 3, 4], keep=10)
+    shard = next((tmp_path / "step-00000004").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-100])  # truncated shard
+    (tmp_path / "step-00000003" / ".metadata").unlink()  # missing metadata
+    for p in (tmp_path / "step-00000002").iterdir():  # commit marker without files
+        if p.name != "COMMITTED":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    problems = {i.step: i.problem for i in list_checkpoints(tmp_path)}
+    assert "bytes, expected" in problems[4]
+    assert problems[3] == ".metadata is missing"
+    assert "manifest.json unreadable" in problems[2]
+    assert problems[1] is None
+    info = mgr.latest()
+    assert info is not None and info.step == 1
+    warned = capsys.readouterr().out
+    assert "skipping checkpoint" in warned and "step-00000004" in warned and "step-00000003" in warned
+
+
+def test_flipped_byte_fails_the_checksum(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, [1], keep=2)
+    shard = next((tmp_path / "step-00000001").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert inspect_folder(tmp_path / "step-00000001").problem is None  # sizes alone cannot see it
+    assert "CRC32" in (inspect_folder(tmp_path / "step-00000001", checksums=True).problem or "")
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {_Evil.marker}",))
+
+    marker = ""
+
+
+def test_malicious_metadata_is_refused_not_run(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, [1], keep=2)
+    ckpt = tmp_path / "step-00000001"
+    _Evil.marker = str(tmp_path / "pwned")
+    evil = pickle.dumps(_Evil())
+    (ckpt / ".metadata").write_bytes(evil)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][".metadata"]["size"] = len(evil)
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    info = inspect_folder(ckpt)
+    assert (info.problem is not None and "posix.system" in info.problem) or "os.system" in (info.problem or "")
+    assert not (tmp_path / "pwned").exists()
