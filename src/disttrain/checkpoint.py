@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -144,6 +145,44 @@ def read_metadata_safely(ckpt: Path) -> Any:
         return _RestrictedUnpickler(io.BytesIO(path.read_bytes())).load()
     except Exception as e:
         raise CheckpointError(f"{ckpt}: .metadata is unreadable or untrusted ({e})") from None
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """DCP's file reader, but ``.metadata`` goes through the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if kwargs.get("rank") is not None:  # DCP's fallback to per-rank metadata: not a format we write
+            raise CheckpointError(f"{self.path}: no usable .metadata")
+        md = read_metadata_safely(Path(self.path))
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+
+class WeightsOnlyBytes:
+    """Planner mixin: non-tensor items (optimizer param groups, loop state) load with ``weights_only=True``
+    (DCP's default planner uses ``weights_only=False``, which can run code from a tampered shard)."""
+
+    flatten_state_dict: bool
+    original_state_dict: Any
+    mappings: Any
+    state_dict: Any
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+class SafeLoadPlanner(WeightsOnlyBytes, DefaultLoadPlanner):
+    """DCP's default load planner, loading non-tensor items ``weights_only``."""
 
 
 @dataclass(frozen=True)
@@ -366,7 +405,9 @@ class CheckpointManager:
     def load(self, state: dict[str, Any], info: CheckpointInfo) -> int:
         """Load ``state`` in place from ``info`` (resharding to this world size); returns its step."""
         self.wait()
-        dcp.load(state, checkpoint_id=info.path, process_group=self._pg)
+        dcp.load(
+            state, storage_reader=SafeFileSystemReader(info.path), planner=SafeLoadPlanner(), process_group=self._pg
+        )
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         same_world = (info.manifest or {}).get("world_size") == self.world_size
         if same_world and rng_file.is_file():

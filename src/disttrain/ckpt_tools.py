@@ -26,7 +26,6 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from disttrain.checkpoint import (
@@ -36,6 +35,8 @@ from disttrain.checkpoint import (
     STEP_RE,
     CheckpointError,
     CheckpointInfo,
+    SafeFileSystemReader,
+    WeightsOnlyBytes,
     crc32_file,
     inspect_folder,
     list_checkpoints,
@@ -433,32 +434,8 @@ def verify(path: Path, step: int | None = None, as_json: bool = False, every: bo
 
 
 # -- export -----------------------------------------------------------------------------------------
-class _SafeReader(FileSystemReader):
-    """DCP's file reader, but ``.metadata`` is read with the restricted unpickler."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if kwargs.get("rank") is not None:  # DCP's fallback to per-rank metadata: not a format we write
-            raise CheckpointError(f"{self.path}: no usable .metadata")
-        md = read_metadata_safely(Path(self.path))
-        if getattr(md, "storage_meta", None) is None:
-            md.storage_meta = StorageMeta()
-        md.storage_meta.load_id = self.load_id
-        return md
-
-
-class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
+class _SafeEmptyPlanner(WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
     """Rebuilds the saved state dict from the metadata; non-tensor items are loaded ``weights_only``."""
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 def load_state(ckpt: Path, keys: set[str] | None = None) -> dict[str, Any]:
@@ -467,7 +444,9 @@ def load_state(ckpt: Path, keys: set[str] | None = None) -> dict[str, Any]:
     read_metadata_safely(ckpt)  # a clean error before DCP starts (its reader re-reads it, safely, below)
     sd: dict[str, Any] = {}
     try:
-        _load_state_dict(sd, storage_reader=_SafeReader(ckpt), planner=_SafeEmptyPlanner(keys=keys), no_dist=True)
+        _load_state_dict(
+            sd, storage_reader=SafeFileSystemReader(ckpt), planner=_SafeEmptyPlanner(keys=keys), no_dist=True
+        )
     except CheckpointError:
         raise
     except Exception as e:
