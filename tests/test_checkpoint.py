@@ -215,3 +215,21 @@ def test_malicious_metadata_is_refused_not_run(tmp_path: Path) -> None:
     info = inspect_folder(ckpt)
     assert (info.problem is not None and "posix.system" in info.problem) or "os.system" in (info.problem or "")
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.slow
+def test_seed_checkpoint_starts_runs_of_any_world_size(tmp_path: Path, small_text: Path) -> None:
+    def run(name: str, *extra: str) -> list[float]:
+        proc = disttrain(*tiny_args(small_text, tmp_path, name, "--train.steps", "3", *extra), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [v for _, v in sorted(losses_by_step(tmp_path / name).items())]
+
+    seed = disttrain(*tiny_args(small_text, tmp_path, "seed", "--checkpoint.create-seed", "--train.seed", "99"))
+    assert seed.returncode == 0, seed.stderr[-3000:]
+    assert "seed checkpoint:" in seed.stdout and "single on 1 cpu process(es)" in seed.stdout
+    path = str(tmp_path / "seed" / "checkpoints" / "step-00000000")
+    fsdp = run("fsdp", "--checkpoint.resume", path, "--parallel.strategy", "fsdp")
+    ddp = run("ddp", "--checkpoint.resume", path, "--parallel.strategy", "ddp")
+    scratch = run("scratch", "--parallel.strategy", "ddp")
+    assert_close(torch.tensor(fsdp), torch.tensor(ddp), rtol=1e-5, atol=1e-5)
+    assert fsdp[0] != pytest.approx(scratch[0], abs=1e-4)  # the weights came from the seed (train.seed 99)

@@ -286,14 +286,20 @@ class CheckpointManager:
         torch.save(rng_state(), tmp / "rng" / f"rank{self.rank}.pt")
         fault_point("before_shards", step, self.rank)
         if self.cfg.async_mode == "off":
-            dcp.save(state, checkpoint_id=tmp)
+            dcp.save(state, checkpoint_id=tmp, process_group=self._pg, no_dist=not dist.is_initialized())
             fault_point("after_shards", step, self.rank)
             self._commit(step, tmp)
         else:
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
             kind = AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
-            fut = dcp.async_save(state, checkpoint_id=tmp, process_group=self._pg, async_checkpointer_type=kind)
+            fut = dcp.async_save(
+                state,
+                checkpoint_id=tmp,
+                process_group=self._pg,
+                async_checkpointer_type=kind,
+                no_dist=not dist.is_initialized(),
+            )
             upload: Future[Any] = fut.upload_completion if isinstance(fut, AsyncSaveResponse) else fut
             done = threading.Event()
 
@@ -406,7 +412,11 @@ class CheckpointManager:
         """Load ``state`` in place from ``info`` (resharding to this world size); returns its step."""
         self.wait()
         dcp.load(
-            state, storage_reader=SafeFileSystemReader(info.path), planner=SafeLoadPlanner(), process_group=self._pg
+            state,
+            no_dist=not dist.is_initialized(),
+            storage_reader=SafeFileSystemReader(info.path),
+            planner=SafeLoadPlanner(),
+            process_group=self._pg,
         )
         rng_file = info.path / "rng" / f"rank{self.rank}.pt"
         same_world = (info.manifest or {}).get("world_size") == self.world_size

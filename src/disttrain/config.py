@@ -242,6 +242,9 @@ class CheckpointConfig:
     """dtype of the model_only final save."""
     resume: str = "auto"
     """auto (newest complete checkpoint), never, a step number, or a checkpoint path."""
+    create_seed: bool = False
+    """Only initialise the model on one process and save it as step 0 (a seed checkpoint that a run of any
+    world size can start from with --checkpoint.resume PATH), then exit."""
 
     def __post_init__(self) -> None:
         _check(self.interval >= 0, f"checkpoint.interval must be >= 0, got {self.interval}")

@@ -122,6 +122,12 @@ def main(run_dir: str | Path) -> int:
             strategy=strategy,
         )
         trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env, checkpoint=ckpt)
+        if cfg.checkpoint.create_seed:
+            ckpt.save(0, trainer.state())
+            ckpt.close()
+            if env.is_main:
+                print(f"seed checkpoint: {ckpt.folder / 'step-00000000'}", flush=True)
+            return 0
         result = trainer.fit()
         summary: dict[str, Any] = {
             "steps": trainer.step,

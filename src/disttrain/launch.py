@@ -108,6 +108,8 @@ def resolve_job(cfg: JobConfig) -> JobConfig:
         device = resolve_device_type(cfg.parallel.device)
     except RuntimeError as e:
         raise ConfigError(str(e)) from None
+    if cfg.checkpoint.create_seed:  # initialise once, on one process, whatever the job will later use
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, nproc=1, strategy="single"))
     nproc = cfg.parallel.nproc or default_nproc(device)
     check_nproc(nproc, device, cfg.parallel.oversubscribe)
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
