@@ -233,3 +233,20 @@ def test_seed_checkpoint_starts_runs_of_any_world_size(tmp_path: Path, small_tex
     scratch = run("scratch", "--parallel.strategy", "ddp")
     assert_close(torch.tensor(fsdp), torch.tensor(ddp), rtol=1e-5, atol=1e-5)
     assert fsdp[0] != pytest.approx(scratch[0], abs=1e-4)  # the weights came from the seed (train.seed 99)
+
+
+@pytest.mark.slow
+def test_process_async_mode_and_model_only_final_save(tmp_path: Path, small_text: Path) -> None:
+    extra = ["--checkpoint.async-mode", "process", "--checkpoint.save-final", "model_only",
+             "--checkpoint.export-dtype", "bf16", "--parallel.strategy", "fsdp"]  # fmt: skip
+    proc = disttrain(*tiny_args(small_text, tmp_path, "p", *extra), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert [i.step for i in list_checkpoints(tmp_path / "p" / "checkpoints") if i.usable] == [4, 8]
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "p" / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    vocab = weights["tok_emb.weight"].shape[0]
+    model = GPT(GPTConfig(vocab_size=vocab, n_layers=2, d_model=64, n_heads=4, context=32))
+    model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)

@@ -14,6 +14,7 @@ size, and reads ``.metadata`` with a restricted unpickler before DCP does (DCP i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -429,11 +430,24 @@ class CheckpointManager:
         self.wait()
         if self._purger is not None:
             self._purger.join()
+        if self.cfg.async_mode == "process":
+            _stop_checkpoint_process()
         self._barrier()
 
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier(group=self._pg)
+
+
+def _stop_checkpoint_process() -> None:
+    """Ask DCP's background save process to exit (it otherwise dies noisily when the trainer exits)."""
+    from torch.distributed.checkpoint import _async_process_executor as ape
+
+    proc = getattr(ape, "_CHECKPOINT_PROCESS", None)
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.__del__()
+        ape._CHECKPOINT_PROCESS = None
 
 
 def rng_state() -> dict[str, torch.Tensor]:
