@@ -1,0 +1,1 @@
+"""Data: the bundled text corpus, the character tokenizer and the resumable global-position batch loader."""

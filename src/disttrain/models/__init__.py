@@ -1,0 +1,1 @@
+"""Models: plain nn.Modules with no distributed code (the default GPT)."""

@@ -3,7 +3,8 @@ norm, a non-finite guard, warmup + cosine LR, periodic evaluation, metrics.
 
 ``Trainer(model, dataset, config=...)`` takes a plain ``nn.Module`` (or one built on the meta device) and
 a map-style dataset of ``(input, target)`` pairs; it joins the process group torchrun set up (or runs
-alone), applies the configured strategy through :func:`disttrain.parallelize`, and runs the loop.
+alone), applies the configured strategy through :func:`disttrain.parallelize`, and runs the loop. Given a
+:class:`~disttrain.checkpoint.CheckpointManager`, it resumes from and saves checkpoints of its whole state.
 """
 
 from __future__ import annotations
