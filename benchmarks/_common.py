@@ -1,8 +1,8 @@
 """Shared helpers for the benchmarks: side-by-side timing, multi-rank launch, tables and JSON results.
 
 This machine is shared and noisy, so every comparison is a ratio of variants measured in the same
-process, interleaved block by block (the order flips every round, ABBA style, so a slow drift in load
-hits every variant alike), with medians over rounds. ``paired`` ratios divide the two variants' times of
+process, interleaved block by block (the order rotates every round, so a slow drift in load hits every
+variant alike), with medians over rounds. ``paired`` ratios divide the two variants' times of
 the *same* round before taking the median; they are the figures the benchmarks report.
 """
 
@@ -74,8 +74,11 @@ def interleave(
 ) -> dict[str, list[float]]:
     """Run each variant's ``run(n)`` for ``warmup`` steps, then ``rounds`` rounds of one block each.
 
-    Returns seconds per step for every (variant, round). Round r runs the variants in order when r is
-    even and in reverse when odd. ``before_block`` runs untimed before every block (a barrier, say).
+    Returns seconds per step for every (variant, round). Round r runs the variants rotated by r
+    (A B C, B C A, C A B, ...): each variant takes every position equally often, and with three or more
+    variants none runs twice in a row across a round boundary (a variant that does runs its second block
+    on warm caches, a few % faster). With two it is A B, B A: both get that equally.
+    ``before_block`` runs untimed before every block (a barrier, say).
     """
     names = list(variants)
     for name in names:
@@ -83,7 +86,8 @@ def interleave(
             variants[name](warmup)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             if before_block is not None:
                 before_block()
             t0 = time.perf_counter()
@@ -138,6 +142,19 @@ def write_rank_result(out_dir: str, rank: int, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data))
 
 
+def finish_worker() -> None:
+    """Leave the process group and exit at once, as ``disttrain.job`` does: torch's gloo/DDP destructors
+    can deadlock during interpreter teardown."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 # -- output -------------------------------------------------------------------------------------------
 def table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> str:
     """A plain-text table (right-aligned numbers), returned and printed."""
@@ -150,9 +167,7 @@ def table(headers: list[str], rows: list[list[Any]], title: str | None = None) -
     lines.append("  ".join("-" * w for w in widths))
     for row in cells:
         lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         )
     text = "\n".join(lines)
     print(text, flush=True)

@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import _common as C
 import torch
 from torch.distributed.tensor import DTensor
+
+import _common as C
 
 GOALS = {2: 0.52, 4: 0.27}
 MiB = 2**20
@@ -84,7 +85,7 @@ def record_ddp_buckets(trainer: Any) -> dict[int, int]:
     if not isinstance(ddp, DDP):
         return sizes
 
-    def hook(state: Any, bucket: Any) -> Any:
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations (PEP 563)
         buf = bucket.buffer()
         sizes[bucket.index()] = buf.numel() * buf.element_size()
         return allreduce_hook(state, bucket)
@@ -110,7 +111,7 @@ def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.config import from_dict
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import destroy_distributed, init_distributed
+    from disttrain.dist.env import init_distributed
     from disttrain.job import build_model
     from disttrain.train.trainer import Trainer
 
@@ -132,11 +133,12 @@ def worker(args: argparse.Namespace) -> None:
         one_step_keep_grads(trainer)
         out[strategy] = account(trainer)
         out[strategy]["ddp_bucket_bytes"] = sum(buckets.values())
-        out[strategy]["grads_share_bucket_storage"] = bool(getattr(trainer.model.module, "gradient_as_bucket_view", False))
+        as_view = getattr(trainer.model.module, "gradient_as_bucket_view", False)
+        out[strategy]["grads_share_bucket_storage"] = bool(as_view)
         out[strategy]["n_params_total"] = sum(p.numel() for p in trainer.model.parameters())
         del trainer, model
     C.write_rank_result(args.out, env.rank, out)
-    destroy_distributed()
+    C.finish_worker()
 
 
 def total(acc: dict[str, Any], kind: str = "storage") -> int:

@@ -4,14 +4,20 @@ Both variants train the same GPT (4 blocks, width 256, context 128 by default) i
 size, on 2 ranks (gloo, one thread each), inside one launch: blocks of steps alternate between the two so
 the machine's noise hits both alike. The plain loop is what one writes by hand from the PyTorch docs:
 
-* DDP: ``DistributedDataParallel(model)``, ``torch.autocast(bf16)`` around the forward;
+* DDP: ``DistributedDataParallel(model, bucket_cap_mb=25)``, ``torch.autocast(bf16)`` around the forward;
 * FSDP2: ``fully_shard`` each block then the root, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
 
-then fp32 cross-entropy, backward, ``clip_grad_norm_(1.0)``, AdamW (foreach, decay on matrices only),
-warmup + cosine LR, ``loss.item()``. disttrain runs ``Trainer.fit()`` (metrics every 10 steps, console off,
-``metrics.peak_tflops`` set so no matmul is timed at start-up). Goal: disttrain / plain >= 0.97.
+then fp32 cross-entropy, backward, ``clip_grad_norm_(1.0)``, AdamW (decay on matrices only; ``fused`` or
+``foreach`` as disttrain picked it), warmup + cosine LR, ``loss.item()``. Settings are mirrored so the
+ratio is the framework's cost, not a difference of settings. disttrain runs ``Trainer.fit()`` (metrics
+every 10 steps, console off, ``metrics.peak_tflops`` set so no matmul is timed at start-up).
+Goal: disttrain / plain >= 0.97.
 
-    .venv/bin/python benchmarks/bench_overhead.py [--rounds 20] [--steps-per-block 2] [--micro-batch 8]
+The whole comparison is launched ``--launches`` times (fresh processes): the ratio from one launch is off
+by a few % in a way its rounds don't show (an A/A control, ``--aa``, shows it), so the figure is the
+median over launches.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--launches 5] [--rounds 6] [--steps-per-block 2] [--aa]
 """
 
 from __future__ import annotations
@@ -22,18 +28,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import _common as C
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+import _common as C
 
 GOAL = 0.97
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=20, help="timed blocks per variant (median over them)")
+    p.add_argument("--launches", type=int, default=5, help="fresh launches (median over them)")
+    p.add_argument("--rounds", type=int, default=6, help="timed blocks per variant and launch")
     p.add_argument("--steps-per-block", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
     p.add_argument("--micro-batch", type=int, default=8)
@@ -43,15 +51,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--strategies", default="ddp,fsdp")
+    p.add_argument("--aa", action="store_true", help="add an A/A control: a second, identical plain loop")
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)  # set for the workers
     return p.parse_args(argv)
 
 
 # -- the plain loop -------------------------------------------------------------------------------------
 class PlainLoop:
-    """A hand-written training loop, no disttrain code in the step (the model class is shared)."""
+    """A hand-written training loop, no disttrain code in the step (the model class is shared).
 
-    def __init__(self, strategy: str, args: argparse.Namespace, vocab: int, data: Any, total_steps: int) -> None:
+    ``settings`` mirrors what disttrain chose, so the ratio is the framework's cost and not a difference
+    in settings: the AdamW implementation (``fused`` / ``foreach``) and DDP's ``bucket_cap_mb``.
+    """
+
+    def __init__(
+        self, strategy: str, args: argparse.Namespace, vocab: int, data: Any, total_steps: int, settings: dict[str, Any]
+    ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -63,7 +78,7 @@ class PlainLoop:
         torch.manual_seed(1234)
         model = GPT(GPTConfig(vocab, args.layers, args.width, args.heads, args.context), seed=1234)
         if strategy == "ddp":
-            self.model: nn.Module = DDP(model)
+            self.model: nn.Module = DDP(model, bucket_cap_mb=settings["bucket_cap_mb"])
         else:
             mesh = init_device_mesh("cpu", (self.world,))
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -78,7 +93,8 @@ class PlainLoop:
             [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
             lr=3e-3,
             betas=(0.9, 0.95),
-            foreach=True,
+            fused=settings["fused"],
+            foreach=settings["foreach"],
         )
         self.data = data
         self.micro = args.micro_batch
@@ -144,7 +160,7 @@ def make_trainer(strategy: str, args: argparse.Namespace, text: Any, env: Any, t
 def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import destroy_distributed, init_distributed
+    from disttrain.dist.env import init_distributed
 
     env = init_distributed("cpu", threads=1)
     text = load_text_data(None, args.context, 0.1)
@@ -152,14 +168,23 @@ def worker(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {}
     for strategy in args.strategies.split(","):
         trainer = make_trainer(strategy, args, text, env, total)
-        plain = PlainLoop(strategy, args, text.tokenizer.vocab_size, text.train, total)
+        settings = {
+            "fused": trainer.optimizer.defaults.get("fused"),
+            "foreach": trainer.optimizer.defaults.get("foreach"),
+            "bucket_cap_mb": trainer.cfg.parallel.ddp_bucket_mb,
+        }
+        plain = PlainLoop(strategy, args, text.tokenizer.vocab_size, text.train, total, settings)
 
         def run_trainer(n: int, trainer: Any = trainer) -> None:
             trainer.cfg.train.steps = trainer.step + n  # fit() runs until this step
             trainer.fit()
 
+        variants = {"disttrain": run_trainer, "plain": plain.run}
+        if args.aa:
+            copy = PlainLoop(strategy, args, text.tokenizer.vocab_size, text.train, total, settings)
+            variants["plain (copy)"] = copy.run
         times = C.interleave(
-            {"disttrain": run_trainer, "plain": plain.run},
+            variants,
             steps_per_block=args.steps_per_block,
             rounds=args.rounds,
             warmup=args.warmup,
@@ -171,7 +196,7 @@ def worker(args: argparse.Namespace) -> None:
         out[strategy] = {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
         del trainer, plain
     C.write_rank_result(args.out, env.rank, out)
-    destroy_distributed()
+    C.finish_worker()
 
 
 def main(argv: list[str]) -> None:
@@ -179,40 +204,55 @@ def main(argv: list[str]) -> None:
     if C.is_worker():
         worker(args)
         return
-    ranks = C.launch_and_collect(args.nproc, Path(__file__), argv)
-    res = ranks[0]
+    # Each launch is a fresh pair of processes: ratios differ between launches by a few % more than the
+    # rounds inside one launch suggest (memory placement, which cores), so the figure is the median over
+    # launches of each launch's paired median.
+    launches = []
+    for i in range(args.launches):
+        print(f"launch {i + 1}/{args.launches} ...", flush=True)
+        launches.append(C.launch_and_collect(args.nproc, Path(__file__), argv)[0])
     rows, figures = [], {}
-    for strategy, times in res.items():
-        ratio = C.paired_ratio(times["plain"], times["disttrain"])
-        per_round = [p / d for p, d in zip(times["plain"], times["disttrain"], strict=True)]
-        lo, hi = C.spread(per_round)
+    for strategy in launches[0]:
+        runs = [run[strategy] for run in launches]
+        per_launch = [C.paired_ratio(t["plain"], t["disttrain"]) for t in runs]
+        ratio = C.median(per_launch)
+        pooled = [p / d for t in runs for p, d in zip(t["plain"], t["disttrain"], strict=True)]
+        plain_ms = C.median([x for t in runs for x in t["plain"]]) * 1e3
+        dt_ms = C.median([x for t in runs for x in t["disttrain"]]) * 1e3
+        aa = [C.paired_ratio(t["plain"], t["plain (copy)"]) for t in runs] if "plain (copy)" in runs[0] else []
         figures[strategy] = {
             "throughput_ratio_disttrain_over_plain": ratio,
-            "ratio_quartiles": [lo, hi],
-            "disttrain_s_per_step_median": C.median(times["disttrain"]),
-            "plain_s_per_step_median": C.median(times["plain"]),
+            "per_launch_ratios": per_launch,
+            "pooled_paired_median": C.median(pooled),
+            "pooled_quartiles": list(C.spread(pooled)),
+            "a_a_control_per_launch": aa,
+            "plain_ms_per_step_median": plain_ms,
+            "disttrain_ms_per_step_median": dt_ms,
             "goal": GOAL,
             "verdict": C.verdict(ratio, GOAL),
-            "times_s_per_step": times,
+            "times_s_per_step": runs,
         }
         rows.append(
             [
                 strategy,
-                C.median(times["plain"]) * 1e3,
-                C.median(times["disttrain"]) * 1e3,
+                plain_ms,
+                dt_ms,
                 ratio,
-                f"{lo:.3f}-{hi:.3f}",
+                " ".join(f"{r:.3f}" for r in sorted(per_launch)),
                 f">= {GOAL}",
                 C.verdict(ratio, GOAL),
             ]
         )
+        if aa:
+            rows.append([f"  A/A control ({strategy})", "", "", C.median(aa), " ".join(f"{r:.3f}" for r in sorted(aa))])
+            rows[-1] += ["", ""]
     C.table(
-        ["strategy", "plain ms/step", "disttrain ms/step", "ratio", "IQR", "goal", ""],
+        ["strategy", "plain ms/step", "disttrain ms/step", "ratio", "per launch (sorted)", "goal", ""],
         rows,
         title=(
             f"Trainer vs plain PyTorch loop: {args.nproc} ranks, GPT {args.layers}x{args.width} ctx {args.context}, "
-            f"micro-batch {args.micro_batch}, bf16; ratio = disttrain throughput / plain (median of "
-            f"{args.rounds} paired rounds of {args.steps_per_block} steps)"
+            f"micro-batch {args.micro_batch}, bf16; ratio = disttrain throughput / plain: median over "
+            f"{args.launches} launches of the paired median of {args.rounds} rounds x {args.steps_per_block} steps"
         ),
     )
     config = {k: v for k, v in vars(args).items() if k != "out"}
