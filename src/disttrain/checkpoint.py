@@ -264,6 +264,7 @@ class CheckpointManager:
         self.blocked_s: list[float] = []  # training-thread time spent per save (staging for async)
         self.failures: list[str] = []
         self._t_save = 0.0
+        self._stager: Any = None
         self._pg = None
         if dist.is_initialized() and cfg.async_mode != "off":
             # async saves run collectives from a background thread: give them their own gloo group
@@ -299,6 +300,7 @@ class CheckpointManager:
                 checkpoint_id=tmp,
                 process_group=self._pg,
                 async_checkpointer_type=kind,
+                async_stager=self._get_stager(),
                 no_dist=not dist.is_initialized(),
             )
             upload: Future[Any] = fut.upload_completion if isinstance(fut, AsyncSaveResponse) else fut
@@ -313,6 +315,17 @@ class CheckpointManager:
             upload.add_done_callback(on_done)
             self._pending = (step, done)
         self.blocked_s.append(time.perf_counter() - t0)
+
+    def _get_stager(self) -> Any:
+        """One stager for the job: its CPU buffers are reused by every save (0.20 -> 0.12 of a sync save's time,
+        benchmarks/bench_checkpoint.py). Safe because a save starts only after the previous one is written.
+        Pinned memory where CUDA is, so the device-to-host copy does not block."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(cuda, self.cfg.async_mode == "process", False, cuda))
+        return self._stager
 
     def wait(self) -> None:
         """Block until the in-flight save (if any) is written and committed."""
@@ -430,6 +443,9 @@ class CheckpointManager:
         self.wait()
         if self._purger is not None:
             self._purger.join()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
         if self.cfg.async_mode == "process":
             _stop_checkpoint_process()
         self._barrier()
