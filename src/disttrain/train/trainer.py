@@ -278,7 +278,9 @@ class Trainer:
                     res.tokens_per_s, res.mfu = record["tokens_per_s"], record["mfu"]
                     res.peak_memory_bytes = record["peak_memory_bytes"]
                 if (cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0) or last:
+                    t_eval = time.perf_counter()
                     val = self.evaluate()
+                    window_t += time.perf_counter() - t_eval  # throughput counts training time only
                     if not math.isnan(val):
                         res.val_losses[self.step] = val
                         record = {**(record or {"step": self.step}), "val_loss": val}
@@ -288,7 +290,9 @@ class Trainer:
                 console.step(self.step, record if record and "loss" in record else None)
                 if interval and self.step % interval == 0 and not last:
                     assert self.checkpoint is not None
+                    t_save = time.perf_counter()
                     self.checkpoint.save(self.step, self.state())
+                    window_t += time.perf_counter() - t_save  # kept in CheckpointManager.blocked_s
             self._save_final()
         finally:
             console.close()
