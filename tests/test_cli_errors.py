@@ -11,7 +11,7 @@ from conftest import disttrain
 pytestmark = pytest.mark.timeout(120)
 
 
-def one_line_error(proc, *needles: str) -> str:
+def assert_one_line_error(proc, *needles: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
@@ -40,16 +40,16 @@ def one_line_error(proc, *needles: str) -> str:
     ],
 )
 def test_bad_option_is_one_clear_line(tmp_path: Path, args: list[str], needles: list[str]) -> None:
-    one_line_error(disttrain("run", *args, cwd=tmp_path), *needles)
+    assert_one_line_error(disttrain("run", *args, cwd=tmp_path), *needles)
     assert not (tmp_path / "runs").exists(), "no run folder may be made for a rejected config"
 
 
 def test_unknown_toml_key_names_the_closest(tmp_path: Path) -> None:
     cfg = tmp_path / "job.toml"
     cfg.write_text("[train]\nsteps = 5\nmicro_bach = 4\n")
-    one_line_error(disttrain("run", "--config", str(cfg), cwd=tmp_path), "train.micro_bach", "train.micro_batch")
+    assert_one_line_error(disttrain("run", "--config", str(cfg), cwd=tmp_path), "train.micro_bach", "train.micro_batch")
     cfg.write_text("[trainn]\nsteps = 5\n")
-    one_line_error(disttrain("run", "--config", str(cfg), cwd=tmp_path), "[trainn]", "'train'")
+    assert_one_line_error(disttrain("run", "--config", str(cfg), cwd=tmp_path), "[trainn]", "'train'")
 
 
 def test_print_config_resolves_toml_then_overrides(tmp_path: Path) -> None:
@@ -63,8 +63,8 @@ def test_print_config_resolves_toml_then_overrides(tmp_path: Path) -> None:
 
 
 def test_unknown_command_and_missing_script(tmp_path: Path) -> None:
-    one_line_error(disttrain("trian", cwd=tmp_path), "unknown command 'trian'")
-    one_line_error(disttrain("launch", "-n", "2", "nope.py", cwd=tmp_path), "script 'nope.py' does not exist")
+    assert_one_line_error(disttrain("trian", cwd=tmp_path), "unknown command 'trian'")
+    assert_one_line_error(disttrain("launch", "-n", "2", "nope.py", cwd=tmp_path), "script 'nope.py' does not exist")
 
 
 def test_run_help_lists_every_option_and_the_config_flags(tmp_path: Path) -> None:
