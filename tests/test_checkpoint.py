@@ -15,10 +15,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import disttrain, run_scenario, tiny_config
 from disttrain.checkpoint import CheckpointManager, ModelOptimState, inspect_folder, list_checkpoints
 from disttrain.config import CheckpointConfig
 from disttrain.models.gpt import GPT, GPTConfig
+
+from conftest import disttrain, run_scenario, tiny_config
 
 pytestmark = pytest.mark.timeout(400)
 

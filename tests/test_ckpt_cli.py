@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import disttrain
 from disttrain.checkpoint import CheckpointError
 from disttrain.ckpt_tools import load_state
 from disttrain.cli import main
 from disttrain.models.gpt import GPT, GPTConfig
+
+from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
