@@ -1,0 +1,83 @@
+"""FSDP2: ``fully_shard`` each block then the root, mixed precision, reshard policy, explicit prefetch.
+
+Follows the FSDP2 tutorial and torchtitan's ``apply_fsdp``: blocks are the units whose parameters are
+all-gathered together; the root unit holds what is left (embeddings, final norm, head).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from disttrain.config import ConfigError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def find_blocks(model: nn.Module, spec: str = "auto") -> list[nn.Module]:
+    """The modules to shard as units: 'auto' = the largest ModuleList, a class name, or a ModuleList path."""
+    if spec == "auto":
+        lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) > 1]
+        if not lists:
+            return []
+        best = max(lists, key=lambda m: (isinstance(m, nn.ModuleList), sum(p.numel() for p in m.parameters())))
+        return [b for b in best if any(True for _ in b.parameters())]
+    if "." in spec or hasattr(model, spec):
+        try:
+            target = model.get_submodule(spec)
+        except AttributeError:
+            target = None
+        if isinstance(target, (nn.ModuleList, nn.Sequential)):
+            return list(target)
+    by_class = [m for m in model.modules() if type(m).__name__ == spec]
+    if not by_class:
+        classes = sorted({type(m).__name__ for m in model.modules()})
+        raise ConfigError(
+            f"parallel.shard_modules {spec!r} matches no ModuleList path and no module class; "
+            f"classes in this model: {', '.join(classes[:12])}"
+        )
+    return by_class
+
+
+def reshard_flag(policy: str, index: int, n_blocks: int) -> bool:
+    if policy == "always":
+        return True
+    if policy == "never":
+        return False
+    return index < n_blocks - 1  # the last block is needed again at once by backward
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    param_dtype: str = "fp32",
+    reduce_dtype: str = "fp32",
+    shard_modules: str = "auto",
+    reshard_after_forward: str = "default",
+    forward_prefetch: int = 0,
+    backward_prefetch: int = 0,
+) -> nn.Module:
+    """Shard ``model`` in place over ``mesh`` and return it (now an ``FSDPModule``)."""
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    blocks = find_blocks(model, shard_modules)
+    for i, block in enumerate(blocks):
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_flag(reshard_after_forward, i, len(blocks))
+        )
+    # The root keeps its params gathered after forward under 'default': backward starts with them.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always")
+    set_prefetch(blocks, forward_prefetch, backward_prefetch)
+    return model
+
+
+def set_prefetch(blocks: list[nn.Module], forward: int, backward: int) -> None:
+    """Explicit prefetch chains: block i gathers blocks i+1..i+k in forward, i-1..i-k in backward."""
+    fsdp_blocks: list[FSDPModule] = [b for b in blocks if isinstance(b, FSDPModule)]
+    for i, block in enumerate(fsdp_blocks):
+        if forward > 0 and i + 1 < len(fsdp_blocks):
+            block.set_modules_to_forward_prefetch(fsdp_blocks[i + 1 : i + 1 + forward])
+        if backward > 0 and i > 0:
+            block.set_modules_to_backward_prefetch(fsdp_blocks[max(0, i - backward) : i][::-1])

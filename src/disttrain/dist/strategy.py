@@ -1,0 +1,141 @@
+"""Apply a strategy (single | ddp | fsdp) to a model: the one place a model becomes distributed.
+
+:func:`parallelize` returns a :class:`Parallelized` that the training loop (yours or ours) uses
+without knowing which strategy is underneath: ``sync(last)`` controls gradient sync during
+accumulation, ``autocast()`` is the mixed-precision context, ``clip_grad_norm_`` returns the *global*
+norm (the full norm under FSDP, not one shard's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from disttrain.config import ParallelConfig, PrecisionConfig
+from disttrain.dist.fsdp import DTYPES, apply_fsdp
+from disttrain.dist.init import is_meta, materialize
+from disttrain.dist.mesh import ParallelDims
+
+
+@dataclass
+class Parallelized:
+    """A model wrapped for its strategy, plus the few controls a training loop needs."""
+
+    module: nn.Module
+    """The wrapped model: call it like the original."""
+    inner: nn.Module
+    """The original model (under FSDP it *is* ``module``, sharded in place)."""
+    dims: ParallelDims
+    device: torch.device
+    compute_dtype: str
+
+    @property
+    def strategy(self) -> str:
+        return self.dims.strategy
+
+    def __call__(self, *args: object, **kwargs: object) -> torch.Tensor:
+        return self.module(*args, **kwargs)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.module.parameters()
+
+    @contextlib.contextmanager
+    def sync(self, enabled: bool) -> Iterator[None]:
+        """Wrap forward+backward of a micro-step; gradients are reduced only when ``enabled`` (the last one)."""
+        if isinstance(self.module, DDP) and not enabled:
+            with self.module.no_sync():
+                yield
+            return
+        if isinstance(self.module, FSDPModule):
+            self.module.set_requires_gradient_sync(enabled)
+        yield
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """Low-precision compute for single/DDP (FSDP casts parameters itself, through its policy)."""
+        if self.compute_dtype == "fp32" or self.dims.fsdp_enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.compute_dtype])
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip to ``max_norm`` (0 = just measure) and return the global L2 norm of all gradients."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """'auto' -> ddp over several ranks, single alone (the memory planner will refine this)."""
+    if strategy == "auto":
+        return "ddp" if world_size > 1 else "single"
+    return strategy
+
+
+def current_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def parallelize(
+    model: nn.Module,
+    parallel: ParallelConfig | None = None,
+    precision: PrecisionConfig | None = None,
+    *,
+    dims: ParallelDims | None = None,
+    device: torch.device | None = None,
+) -> Parallelized:
+    """Apply the configured strategy to ``model``; a meta-device model is materialised here.
+
+    Without ``dims``, the layout comes from the running process group (or a single process) and
+    ``parallel.strategy``; without ``device``, this rank's current device.
+    """
+    parallel = parallel or ParallelConfig()
+    precision = precision or PrecisionConfig()
+    if dims is None:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        dims = ParallelDims(resolve_strategy(parallel.strategy, world), world, parallel.replicate)
+    device = device or current_device()
+    if dims.world_size > 1 and not dist.is_initialized():
+        raise RuntimeError(
+            f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "
+            "start the script with `disttrain launch -n N script.py` (or torchrun) and call init_distributed()"
+        )
+    if dims.fsdp_enabled:
+        apply_fsdp(
+            model,
+            dims.mesh(device.type),
+            param_dtype=precision.dtype,
+            reduce_dtype=precision.reduce_dtype,
+            shard_modules=parallel.shard_modules,
+            reshard_after_forward=parallel.reshard_after_forward,
+            forward_prefetch=parallel.forward_prefetch,
+            backward_prefetch=parallel.backward_prefetch,
+        )
+        if is_meta(model):
+            materialize(model, device)
+        else:
+            model.to(device)
+        return Parallelized(model, model, dims, device, precision.dtype)
+    if is_meta(model):
+        materialize(model, device)
+    model.to(device)
+    if dims.ddp_enabled:
+        wrapped: nn.Module = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=parallel.ddp_bucket_mb,
+            gradient_as_bucket_view=True,  # grads live in the buckets: one copy fewer (-41 MiB/rank, default GPT)
+        )
+        return Parallelized(wrapped, model, dims, device, precision.dtype)
+    return Parallelized(model, model, dims, device, precision.dtype)
