@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from disttrain.config import CheckpointConfig
+from disttrain.config import DTYPES, CheckpointConfig
 
 log = logging.getLogger("disttrain")
 STEP_RE = re.compile(r"^step-(\d{8})$")
@@ -488,12 +488,11 @@ def fault_point(name: str, step: int, rank: int) -> None:
 
 
 # -- export -----------------------------------------------------------------------------------------
-EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def write_weights(state: dict[str, torch.Tensor], path: Path, dtype: str = "fp32") -> Path:
     """One file of plain model weights: ``.safetensors`` by suffix, else ``torch.save`` (weights_only-loadable)."""
-    cast = {k: v.detach().to("cpu", EXPORT_DTYPES[dtype]).contiguous() for k, v in state.items()}
+    cast = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in state.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".safetensors":

@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Tenso
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from disttrain.checkpoint import (
-    EXPORT_DTYPES,
     MANIFEST,
     MARKER,
     STEP_RE,
@@ -43,7 +42,7 @@ from disttrain.checkpoint import (
     read_metadata_safely,
     write_weights,
 )
-from disttrain.config import ConfigError
+from disttrain.config import DTYPES, ConfigError
 
 MODEL_PREFIX = ("app", "model")  # the Trainer saves {"app": ModelOptimState, "train": ...}
 SHARD_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -469,8 +468,8 @@ def export(
     path: Path, step: int | None = None, fmt: str | None = None, dtype: str = "fp32", out: Path | None = None
 ) -> int:
     """Write the model weights of one checkpoint to one file (``torch.load(weights_only=True)`` / safetensors)."""
-    if dtype not in EXPORT_DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if fmt is None:
         fmt = "safetensors" if out is None or out.suffix == ".safetensors" else "torch"
     if fmt not in ("torch", "safetensors"):

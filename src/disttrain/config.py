@@ -16,8 +16,10 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-STRATEGIES = ("auto", "single", "ddp", "fsdp")
-DTYPES = ("fp32", "bf16", "fp16")
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtype names the config accepts (compute, reduction, export)."""
 
 
 class ConfigError(ValueError):

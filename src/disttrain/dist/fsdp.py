@@ -11,9 +11,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from disttrain.config import ConfigError
+from disttrain.config import DTYPES, ConfigError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def find_blocks(model: nn.Module, spec: str = "auto") -> list[nn.Module]:

@@ -20,8 +20,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from disttrain.config import ParallelConfig, PrecisionConfig
-from disttrain.dist.fsdp import DTYPES, apply_fsdp
+from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
+from disttrain.dist.fsdp import apply_fsdp
 from disttrain.dist.init import is_meta, materialize
 from disttrain.dist.mesh import ParallelDims
 

@@ -26,10 +26,9 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
 from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model, fault_point
-from disttrain.config import JobConfig, resolve_batch
+from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches
 from disttrain.dist.env import DistEnv, init_distributed, seed_everything
-from disttrain.dist.fsdp import DTYPES
 from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
 from disttrain.train import metrics as M
