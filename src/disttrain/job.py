@@ -22,10 +22,12 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from disttrain.checkpoint import CheckpointError, CheckpointManager
-from disttrain.config import ConfigError, JobConfig, load_toml
+from disttrain.config import ConfigError, JobConfig, MetaDeviceError, load_toml
 from disttrain.data.text import TextData, load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
+from disttrain.dist.mesh import SHARDED
 from disttrain.dist.strategy import resolve_strategy
+from disttrain.health import HealthError, record_exit
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.trainer import Trainer
 
@@ -67,8 +69,17 @@ def build_model(cfg: JobConfig, vocab_size: int | None, on_meta: bool) -> nn.Mod
     """The configured model; on the meta device when FSDP will shard it (no full copy in memory)."""
     if cfg.model.module:
         factory = import_object(cfg.model.module, "model.module")
-        with torch.device("meta") if on_meta else torch.device("cpu"):
-            model = factory()
+        try:
+            with torch.device("meta") if on_meta else torch.device("cpu"):
+                model = factory()
+        except Exception as e:  # user code failing under the meta device
+            if not on_meta:
+                raise
+            raise MetaDeviceError(
+                f"model.module {cfg.model.module!r} cannot be built on the meta device ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}); sharded strategies and the memory plan build "
+                "it there: avoid tensor data access (.item(), .tolist(), numpy) in __init__"
+            ) from None
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.module {cfg.model.module!r} returned {type(model).__name__}, not an nn.Module")
         return model
@@ -105,14 +116,15 @@ def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.
 def main(run_dir: str | Path) -> int:
     run_dir = Path(run_dir)
     cfg = load_toml(run_dir / "config.toml")
-    env = init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
+    # long collective timeout for the start-up; the Trainer sets parallel.timeout_s after the first step
+    env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
     setup_logging(run_dir, env.rank)
     t_start = time.time()
     try:
         train, val, text = build_data(cfg)
         vocab = text.tokenizer.vocab_size if text else getattr(train, "vocab_size", None)
         strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
-        model = build_model(cfg, vocab, on_meta=strategy == "fsdp")
+        model = build_model(cfg, vocab, on_meta=strategy in SHARDED)
         ckpt_dir = Path(cfg.checkpoint.folder)
         ckpt = CheckpointManager(
             ckpt_dir if ckpt_dir.is_absolute() else run_dir / ckpt_dir,
@@ -172,6 +184,14 @@ def main(run_dir: str | Path) -> int:
         if env.is_main:
             print(f"disttrain: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except HealthError as e:
+        record_exit(run_dir, env.rank, f"stopped: {e}")
+        if env.is_main:
+            print(f"disttrain: stopped: {e}", file=sys.stderr, flush=True)
+        return 3
+    except BaseException as e:  # noted for the restart log, then torchrun sees the failure
+        record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
+        raise
     finally:
         destroy_distributed()
 

@@ -31,6 +31,7 @@ from disttrain.data.loader import GlobalBatchLoader, eval_batches
 from disttrain.dist.env import DistEnv, init_distributed, seed_everything
 from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
+from disttrain.health import HealthError, HealthMonitor, StepGuard, log_event, restart_event, set_collective_timeout
 from disttrain.train import metrics as M
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -114,15 +115,30 @@ class Trainer:
         checkpoint: CheckpointManager | None = None,
     ) -> None:
         self.cfg = cfg = config or JobConfig()
-        self.env = env or init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
+        # collectives get the long start-up timeout until the first step is done (then parallel.timeout_s)
+        self.env = env or init_distributed(
+            cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s)
+        )
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.loss_fn = loss_fn
         self.checkpoint = checkpoint
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
+        if "anomaly" in cfg.health.debug_presets:
+            torch.autograd.set_detect_anomaly(True)  # names the op that produced a NaN in backward (slow)
         seed_everything(cfg.train.seed)
-        strategy = resolve_strategy(cfg.parallel.strategy, self.env.world_size)
-        self.dims = ParallelDims(strategy, self.env.world_size, cfg.parallel.replicate)
+        self.strategy_reason = "forced by parallel.strategy"
+        if cfg.parallel.strategy == "auto" and self.env.world_size > 1:
+            from disttrain.memory import auto_strategy
+
+            strategy, self.strategy_reason = auto_strategy(
+                model, train_data[0], cfg, self.env.world_size, self.env.local_world_size
+            )
+        else:
+            strategy = resolve_strategy(cfg.parallel.strategy, self.env.world_size)
+        self.dims = ParallelDims(
+            strategy, self.env.world_size, cfg.parallel.replicate, cfg.parallel.shard, self.env.local_world_size
+        )
         self.plan = resolve_batch(cfg.train, self.dims.dp_size)
         dp_rank = self.env.rank
         self.loader = GlobalBatchLoader(
@@ -146,6 +162,10 @@ class Trainer:
         self.skipped = 0
         dtype = DTYPES[cfg.precision.dtype]
         self.peak, self.peak_source = M.peak_tflops(self.env.device, dtype, cfg.metrics.peak_tflops)
+        self.health = HealthMonitor(
+            cfg.health, self.env.rank, self.env.world_size, self.run_dir, cfg.parallel.timeout_s
+        )
+        self.guard = StepGuard(cfg.health)
 
     # -- one step -------------------------------------------------------------------------------
     def _to_device(self, batch: Any) -> Any:
@@ -169,38 +189,51 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step over ``accum_steps`` micro-batches: (mean loss, grad norm, stepped?)."""
+        health = self.health
+        health.phase("data")
         fault_point("step", self.step + 1, self.env.rank)  # tests: DISTTRAIN_FAULT=step:<k>:<rank>
         micro = self.loader.next_step()
         n = len(micro)
         loss_sum = torch.zeros((), device=self.env.device)
         for i, batch in enumerate(micro):
             x, y = self._to_device(batch)
+            health.phase("forward")
             with self.model.sync(i == n - 1):
                 with self.model.autocast():
                     out = self.model(x)
                 loss = self.loss_fn(out, y)
+                if i == 0:
+                    health.inject_faults(self.step + 1)  # tests: DISTTRAIN_FAULT=hang|slow:<k>:<rank>
+                    if health.nan_fault(self.step + 1):  # tests: DISTTRAIN_FAULT=nan:<k>:<rank>
+                        loss = loss * float("nan")
                 scaled = loss / n
+                health.phase("backward")
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach().float()
+        health.phase("optimizer")
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # clip and measure true gradients
         grad_norm = self.model.clip_grad_norm_(self.cfg.optim.grad_clip)
         (loss_mean,) = self._all_reduce_mean([float(loss_sum) / n])
         # Both figures are global (all-reduced), so every rank takes the same decision.
-        finite = math.isfinite(loss_mean) and math.isfinite(grad_norm)
-        if finite or not self.cfg.train.skip_nonfinite:
+        bad = self.guard.check(loss_mean, grad_norm)  # None | "nonfinite" | "spike"
+        skip = bad == "spike" or (bad == "nonfinite" and self.cfg.train.skip_nonfinite)
+        if self.checkpoint is not None:
+            self.checkpoint.wait_for_staging()  # an async save may still be copying the state it saves
+        if not skip:
             if self.scaler:
                 self.scaler.step(self.optimizer)
             else:
                 self.optimizer.step()
         else:
             self.skipped += 1
+        self.guard.record(bad if skip else None, loss_mean)
         if self.scaler:
             self.scaler.update()  # an fp16 overflow lowers the scale for the next step
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        return loss_mean, grad_norm, finite
+        return loss_mean, grad_norm, bad is None
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -257,14 +290,20 @@ class Trainer:
         )
         if resumed is not None:
             console.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
+        if env.is_main and (restart := restart_event(self.run_dir, resumed.step if resumed else None, env.world_size)):
+            console.print(f"restart {restart['attempt']}: previous attempt ended by {restart['cause']}")
         interval = cfg.checkpoint.interval if self.checkpoint else 0
         window_t, window_steps = time.perf_counter(), 0
+        self.health.start()
         try:
             while self.step < cfg.train.steps:
                 t0 = time.perf_counter()
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss, gnorm, finite = self.train_step()
                 dt = time.perf_counter() - t0
+                self.health.step_done(self.step, dt)
+                if len(res.losses) == 0:  # past the start-up: collectives get the configured timeout
+                    set_collective_timeout(cfg.parallel.timeout_s)
                 res.losses.append(loss)
                 res.grad_norms.append(gnorm)
                 window_steps += 1
@@ -277,6 +316,7 @@ class Trainer:
                     res.tokens_per_s, res.mfu = record["tokens_per_s"], record["mfu"]
                     res.peak_memory_bytes = record["peak_memory_bytes"]
                 if (cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0) or last:
+                    self.health.phase("eval")
                     t_eval = time.perf_counter()
                     val = self.evaluate()
                     window_t += time.perf_counter() - t_eval  # throughput counts training time only
@@ -287,17 +327,83 @@ class Trainer:
                 if record is not None:
                     sink.write(record)
                 console.step(self.step, record if record and "loss" in record else None)
+                if self.guard.exhausted:
+                    self._on_bad_steps(console)
+                    continue
                 if interval and self.step % interval == 0 and not last:
                     assert self.checkpoint is not None
+                    self.health.phase("checkpoint")
                     t_save = time.perf_counter()
                     self.checkpoint.save(self.step, self.state())
                     window_t += time.perf_counter() - t_save  # kept in CheckpointManager.blocked_s
+            self.health.phase("checkpoint")
             self._save_final()
         finally:
+            self.health.close(finished=self.step >= cfg.train.steps)
             console.close()
             sink.close()
         res.skipped_steps = self.skipped
         return res
+
+    def _on_bad_steps(self, console: M.Console) -> None:
+        """``health.max_bad_steps`` bad steps in a row: roll back to the last checkpoint (skipping the data
+        seen since, optionally lowering the LR), stop with a message, or go on (``health.on_bad_steps``)."""
+        h, guard = self.cfg.health, self.guard
+        what = f"{guard.consecutive} bad steps in a row (non-finite or spiking loss) up to step {self.step}"
+        if h.on_bad_steps == "continue":
+            log_event(self.run_dir if self.env.is_main else None, "bad_steps", step=self.step, count=guard.consecutive)
+            guard.consecutive = 0
+            return
+        info, why = None, "health.on_bad_steps is stop"
+        if h.on_bad_steps == "rollback":
+            info, why = self._rollback_target()
+        if info is None:
+            log_event(self.run_dir if self.env.is_main else None, "stop", step=self.step, reason=f"{what}; {why}")
+            raise HealthError(
+                f"{what}; {why}. See loss and grad_norm in metrics.jsonl; try a lower --optim.lr or "
+                "--optim.grad-clip, or --health.on-bad-steps rollback with checkpoints"
+            )
+        self.health.phase("rollback")
+        assert self.checkpoint is not None
+        from_step, position = self.step, self.loader.position
+        self.checkpoint.load(self.state(), info)
+        self.loader.load_state_dict({"position": position, "seed": self.loader.seed})  # skip the bad data
+        if h.rollback_lr_factor != 1.0:
+            sched = self.scheduler
+            sched.base_lrs = [b * h.rollback_lr_factor for b in sched.base_lrs]
+            factor = lr_lambda(self.cfg)(sched.last_epoch)
+            for group, base in zip(self.optimizer.param_groups, sched.base_lrs, strict=True):
+                group["lr"] = base * factor
+        guard.rollbacks += 1
+        guard.reset()
+        msg = f"{what}: rolled back to step {info.step} ({info.path.name}), data position kept at sample {position}"
+        log_event(
+            self.run_dir if self.env.is_main else None,
+            "rollback",
+            from_step=from_step,
+            to_step=info.step,
+            lr_factor=h.rollback_lr_factor,
+            rollbacks=guard.rollbacks,
+        )
+        console.print(msg)
+
+    def _rollback_target(self) -> tuple[CheckpointInfo | None, str]:
+        """The newest complete checkpoint, as rank 0 sees it once every rank's save is committed."""
+        if self.checkpoint is None:
+            return None, "no checkpoint manager to roll back with"
+        if self.guard.rollbacks >= self.cfg.health.max_rollbacks:
+            return None, f"health.max_rollbacks ({self.cfg.health.max_rollbacks}) reached"
+        self.checkpoint.wait()
+        found: list[Any] = [None]
+        if self.env.distributed:
+            dist.barrier()
+        if self.env.is_main:
+            found[0] = self.checkpoint.latest()
+        if self.env.distributed:
+            dist.broadcast_object_list(found, src=0)
+        if found[0] is None:
+            return None, "no complete checkpoint to roll back to yet (see --checkpoint.interval)"
+        return found[0], ""
 
     def _record(
         self, loss: float, gnorm: float, lr: float, dt: float, elapsed: float, steps: int, finite: bool
@@ -325,6 +431,10 @@ class Trainer:
             "last_step_time_s": dt,
             "peak_memory_bytes": mems,
             "skipped_steps": self.skipped,
+            "bad_steps": self.guard.bad_steps,
+            "rollbacks": self.guard.rollbacks,
+            "stragglers": self.health.stragglers,
+            **{f"rank_{k}": v for k, v in self.health.rank_figures.items()},
             "nonfinite": not finite,
             "time": time.time(),
         }
