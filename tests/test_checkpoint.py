@@ -61,6 +61,10 @@ def test_kill9_restart_resumes_the_exact_trajectory(tmp_path: Path, small_text: 
     want, got = losses_by_step(tmp_path / "ref"), losses_by_step(tmp_path / "crash")
     assert sorted(got) == list(range(1, 13))
     assert got == want  # bitwise: fp32 on CPU, same data order, same optimizer and scheduler state
+    # the run folder's failure log names the killed rank and where the restart resumed (disttrain.health)
+    log = [json.loads(x) for x in (tmp_path / "crash" / "health" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in log] == ["restart"] and log[0]["resumed_from"] == int(m.group(1))
+    assert log[0]["cause"].startswith("rank 1 at step") and "stopped without an error" in log[0]["cause"]
 
 
 @pytest.mark.slow
@@ -80,6 +84,27 @@ def test_crash_during_a_save_leaves_the_previous_checkpoint(
     again = disttrain(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "step-00000004" in again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_failing_background_save_is_reported_and_training_goes_on(tmp_path: Path, small_text: Path) -> None:
+    # rank 1's shard write at step 8 raises an I/O error (a disk error, not a dead peer) in the background
+    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", "thread", "--checkpoint.keep-latest", "5")
+    proc = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": "write_error:8:1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint at step 8 failed and was not committed" in proc.stdout, proc.stdout[-3000:]
+    assert "injected I/O error" in proc.stdout
+    assert sorted(losses_by_step(tmp_path / "r")) == list(range(1, 13))  # training ran to the end
+    folder = tmp_path / "r" / "checkpoints"
+    infos = list_checkpoints(folder, checksums=True)
+    assert [i.step for i in infos if i.usable] == [4, 12], [(i.path.name, i.problem) for i in infos]
+    assert not (folder / "step-00000008").exists()  # never renamed, never marked complete
+    for info in infos:  # the ranks' checksum sidecars were merged into the manifest and removed
+        assert not (info.path / ".checksums").exists()
+        assert info.manifest is not None and {"rng/rank0.pt", "rng/rank1.pt", ".metadata"} <= set(
+            info.manifest["files"]
+        )
 
 
 # -- resharding: 4-rank FSDP -> 2-rank FSDP, 1 process, 2-rank DDP; DDP -> FSDP -------------------------
