@@ -99,7 +99,7 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     torch.manual_seed(cfg.train.seed)
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
-    model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy == "fsdp")
+    model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy in ("fsdp", "hsdp"))
     fixed = collate([text.val[i * 97] for i in range(8)])
     ckpt = None
     if "ckpt_folder" in spec:

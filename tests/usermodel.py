@@ -28,3 +28,11 @@ class Pairs(torch.utils.data.Dataset):
 
 def dataset() -> tuple[Pairs, Pairs]:
     return Pairs(), Pairs()
+
+
+def not_on_meta() -> nn.Module:
+    """A factory that reads tensor data while building: it cannot run on the meta device."""
+    model = build()
+    scale = float(next(model.parameters()).abs().max())  # .item() on a meta tensor fails
+    assert scale >= 0
+    return model

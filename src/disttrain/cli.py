@@ -13,23 +13,32 @@ USAGE = """disttrain <command> [options]
 commands:
   run      train (default: the bundled GPT on Shakespeare, every local device)
   launch   run your own script under torchrun: disttrain launch -n 4 train.py [args]
+  estimate memory per rank for DDP / FSDP / HSDP and the strategy auto picks: disttrain estimate --nproc 8
   ckpt     look into and convert checkpoints: disttrain ckpt ls|inspect|verify|export RUN_OR_FOLDER
+  doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
 """
 
 
 def _run(argv: list[str]) -> int:
-    from disttrain.launch import launch_job, resolve_job
+    from disttrain.launch import launch_job, plan_and_resolve
 
     p = argparse.ArgumentParser(prog="disttrain run", add_help=False)
     p.add_argument("--config", default=None)
     p.add_argument("--print-config", action="store_true")
+    p.add_argument("--max-restarts", default=None)  # = --launch.max-restarts
+    p.add_argument("--debug", default=None)  # = --health.debug (comms, anomaly)
     known, rest = p.parse_known_args(argv)
+    if known.max_restarts is not None:
+        rest += ["--launch.max-restarts", known.max_restarts]
+    if known.debug is not None:
+        rest += ["--health.debug", known.debug]
     if any(a in ("-h", "--help") for a in rest):
         print(RUN_HELP)
     cfg = load_toml(known.config) if known.config else JobConfig()
     cfg = apply_overrides(cfg, rest)
     if known.print_config:
-        print(to_toml(resolve_job(cfg)), end="")
+        resolved, choice = plan_and_resolve(cfg)
+        print(f"# strategy {resolved.parallel.strategy}: {choice.reason}\n{to_toml(resolved)}", end="")
         return 0
     return launch_job(cfg)
 
@@ -48,6 +57,32 @@ def _launch(argv: list[str]) -> int:
     a = p.parse_args(argv)
     launch = LaunchConfig(a.nnodes, a.node_rank, a.rdzv_endpoint, a.max_restarts)
     return launch_script(a.nproc, launch, a.script, a.args)
+
+
+def _estimate(argv: list[str]) -> int:
+    from disttrain.memory import run_estimate
+
+    p = argparse.ArgumentParser(prog="disttrain estimate", add_help=False)
+    p.add_argument("--config", default=None)
+    p.add_argument("--nproc", type=int, default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--device-memory", default=None)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--measure", action="store_true")
+    known, rest = p.parse_known_args(argv)
+    if any(a in ("-h", "--help") for a in rest):
+        print(ESTIMATE_HELP)
+        return 0
+    cfg = load_toml(known.config) if known.config else JobConfig()
+    cfg = apply_overrides(cfg, rest)
+    return run_estimate(
+        cfg,
+        nproc=known.nproc,
+        nnodes=known.nnodes,
+        device_memory=known.device_memory,
+        as_json=known.json,
+        measure=known.measure,
+    )
 
 
 def _ckpt(argv: list[str]) -> int:
@@ -85,13 +120,46 @@ def _ckpt(argv: list[str]) -> int:
     return ckpt_tools.export(a.path, a.step, a.format, a.dtype, a.out)
 
 
+def _doctor(argv: list[str]) -> int:
+    from disttrain import doctor
+
+    p = argparse.ArgumentParser(prog="disttrain doctor", description="Is this machine (or cluster) ready to train?")
+    p.add_argument("-n", "--nproc", type=int, default=None, help="local processes for the test (default: GPUs or 2)")
+    p.add_argument("--nnodes", default="1", help="nodes taking part (run doctor on each, same --rdzv-endpoint)")
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node)")
+    p.add_argument("--port", type=int, default=None, help="check that this port is free")
+    p.add_argument("--quick", action="store_true", help="skip the multi-process bandwidth and RPC test")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    a = p.parse_args(argv)
+    checks = doctor.run_checks(a.nproc, a.nnodes, a.node_rank, a.rdzv_endpoint, a.port, a.quick)
+    return doctor.report(checks, a.json)
+
+
 RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key value ...]
 
   --config FILE     read the job from a TOML file ([train] steps = 500, ...); options below override it
   --print-config    print the resolved config (TOML) and exit without training
+  --max-restarts N  restart the job up to N times after a failure (= --launch.max-restarts)
+  --debug PRESETS   comms and/or anomaly, e.g. --debug comms,anomaly (= --health.debug; see README)
 """
 
-COMMANDS = {"run": _run, "launch": _launch, "ckpt": _ckpt}
+ESTIMATE_HELP = """disttrain estimate [--config job.toml] [--nproc N] [--nnodes M] [--device-memory 80GiB] [--json]
+                  [--measure] [--section.key value ...]
+
+  Per-rank memory (parameters, gradients, optimizer state, gathered blocks, activations) for DDP, FSDP,
+  FSDP without reshard, HSDP and FSDP with CPU offload, built on the meta device (seconds, even for 70B),
+  and the strategy `--parallel.strategy auto` would pick, with its reason.
+
+  --nproc N            ranks per node (default: GPUs here, or 2 on CPU)
+  --nnodes M           nodes (HSDP replicates across them)
+  --device-memory SIZE memory of one device, e.g. 80GiB (default: this machine's)
+  --json               machine-readable output
+  --measure            also run a few real steps of each strategy that fits, here, and print
+                       predicted vs measured with the error in percent
+"""
+
+COMMANDS = {"run": _run, "launch": _launch, "estimate": _estimate, "ckpt": _ckpt, "doctor": _doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

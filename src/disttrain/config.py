@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import tomllib
 import typing
 from pathlib import Path
@@ -24,6 +25,10 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
 
 class ConfigError(ValueError):
     """A configuration mistake the user can fix; the message says what, the value, and how."""
+
+
+class MetaDeviceError(ConfigError):
+    """The model cannot be built on the meta device (sharded strategies and the memory plan need that)."""
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -161,16 +166,29 @@ class OptimConfig:
 class ParallelConfig:
     """How the model is spread over ranks."""
 
-    strategy: Literal["auto", "single", "ddp", "fsdp"] = "auto"
-    """single (one process), ddp, fsdp (FSDP2), or auto (picks ddp for now)."""
+    strategy: Literal["auto", "single", "ddp", "fsdp", "hsdp"] = "auto"
+    """single (one process), ddp, fsdp (FSDP2), hsdp (replicate across nodes x shard within), or auto
+    (from the memory plan: ddp while it fits the device, else fsdp, or hsdp across nodes)."""
     nproc: int | None = None
     """Processes on this node (default: one per GPU, or 2 on a CPU machine)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device type (auto: cuda if available)."""
     oversubscribe: bool = False
     """Allow more CPU processes than cores (for trying sharding on a laptop)."""
-    replicate: int = 1
-    """FSDP replica groups (1 = plain FSDP over all ranks; >1 shards within groups)."""
+    replicate: int = -1
+    """HSDP replica groups (-1 = the rest: world size / shard; default one per node)."""
+    shard: int = -1
+    """HSDP shard group size (-1 = the rest; default the ranks of one node)."""
+    device_memory: str = "auto"
+    """Memory of one device for the plan, e.g. '80GiB' (auto: the GPU's, or host RAM / nproc on CPU)."""
+    memory_headroom: float = 0.1
+    """Fraction of device memory the plan keeps free (allocator fragmentation, comm buffers)."""
+    force: bool = False
+    """Run a forced strategy even when the memory plan says it does not fit."""
+    activation_checkpointing: str = "none"
+    """Recompute block activations in backward: none, full (every block), or K (every K-th block)."""
+    offload: bool = False
+    """FSDP/HSDP: keep sharded params, grads and optimizer state in host memory (CPUOffloadPolicy)."""
     shard_modules: str = "auto"
     """What FSDP wraps as one unit: 'auto' (the largest ModuleList), a class name ('Block'),
     or the dotted path of a ModuleList ('transformer.h')."""
@@ -188,7 +206,25 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         _check(self.nproc is None or self.nproc >= 1, f"parallel.nproc must be >= 1, got {self.nproc}")
-        _check(self.replicate >= 1, f"parallel.replicate must be >= 1, got {self.replicate}")
+        for key in ("replicate", "shard"):
+            v = getattr(self, key)
+            _check(v == -1 or v >= 1, f"parallel.{key} must be >= 1, or -1 for the rest; got {v}")
+        _check(
+            0 <= self.memory_headroom < 1,
+            f"parallel.memory_headroom must be in [0, 1), got {self.memory_headroom}; 0.1 keeps 10% free",
+        )
+        if self.device_memory != "auto":
+            parse_bytes(self.device_memory, "parallel.device_memory")
+        _check(
+            not (self.offload and self.strategy in ("single", "ddp")),
+            f"parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp, hsdp or auto, "
+            f"not {self.strategy!r}",
+        )
+        ac = self.activation_checkpointing
+        _check(
+            ac in ("none", "full") or (ac.isdigit() and int(ac) >= 1),
+            f"parallel.activation_checkpointing must be none, full, or K >= 1 (every K-th block), got {ac!r}",
+        )
         _check(self.forward_prefetch >= 0, f"parallel.forward_prefetch must be >= 0, got {self.forward_prefetch}")
         _check(self.backward_prefetch >= 0, f"parallel.backward_prefetch must be >= 0, got {self.backward_prefetch}")
         _check(self.ddp_bucket_mb > 0, f"parallel.ddp_bucket_mb must be > 0, got {self.ddp_bucket_mb}")
@@ -293,6 +329,67 @@ class RunConfig:
 
 
 @dataclasses.dataclass
+class HealthConfig:
+    """Heartbeats, hang watchdog, stragglers, bad-step guards and debug presets (see disttrain.health)."""
+
+    enabled: bool = True
+    """Heartbeats, the hang watchdog and straggler detection (the bad-step guards below work either way)."""
+    heartbeat_s: float = 2.0
+    """Seconds between heartbeats: each rank's step and phase, sent to the rendezvous store by a thread."""
+    hang_timeout_s: float | None = None
+    """A rank making no progress this long is hung (default: max(hang_floor_s, hang_factor x median step))."""
+    hang_factor: float = 5.0
+    """Automatic hang timeout, in median step times."""
+    hang_floor_s: float = 60.0
+    """The automatic hang timeout is never shorter than this."""
+    startup_timeout_s: float = 600.0
+    """Collective timeout and hang limit until the first step is done, and during eval and checkpoints
+    (afterwards collectives use parallel.timeout_s)."""
+    straggler_interval: int = 50
+    """Compare every rank's step (compute) and data-loading times every N steps (0 = off)."""
+    straggler_factor: float = 1.5
+    """A rank slower than the median of the others by this factor is named a straggler."""
+    spike_rtol: float = 1.0
+    """Skip a step whose loss exceeds the median of the last spike_window good losses by this relative
+    margin (1.0: twice the median; 0 = off). NaN/Inf loss or grad norm: see train.skip_nonfinite."""
+    spike_window: int = 50
+    """Good steps in the rolling window of the spike guard."""
+    max_bad_steps: int = 5
+    """After this many bad (skipped) steps in a row, do what on_bad_steps says."""
+    on_bad_steps: Literal["rollback", "stop", "continue"] = "rollback"
+    """rollback: reload the last checkpoint (skipping the data since) and go on; stop: exit with a message."""
+    rollback_lr_factor: float = 1.0
+    """Multiply the learning rate by this at each rollback (e.g. 0.5)."""
+    max_rollbacks: int = 3
+    """Stop after this many rollbacks in one attempt."""
+    debug: str = "off"
+    """Debug presets, comma-separated: comms (TORCH_DISTRIBUTED_DEBUG=DETAIL, gloo/NCCL logs, NCCL flight
+    recorder), anomaly (autograd anomaly detection); or off."""
+
+    def __post_init__(self) -> None:
+        _check(self.heartbeat_s > 0, f"health.heartbeat_s must be > 0, got {self.heartbeat_s}")
+        _check(
+            self.hang_timeout_s is None or self.hang_timeout_s > 2 * self.heartbeat_s,
+            f"health.hang_timeout_s ({self.hang_timeout_s}) must be > 2 x health.heartbeat_s ({self.heartbeat_s}); "
+            "raise it or lower --health.heartbeat-s",
+        )
+        for key in ("hang_factor", "hang_floor_s", "startup_timeout_s", "straggler_factor", "rollback_lr_factor"):
+            _check(getattr(self, key) > 0, f"health.{key} must be > 0, got {getattr(self, key)}")
+        _check(self.straggler_factor > 1, f"health.straggler_factor must be > 1, got {self.straggler_factor}")
+        _check(self.straggler_interval >= 0, f"health.straggler_interval must be >= 0, got {self.straggler_interval}")
+        _check(self.spike_rtol >= 0, f"health.spike_rtol must be >= 0 (0 = off), got {self.spike_rtol}")
+        _check(self.spike_window >= 2, f"health.spike_window must be >= 2, got {self.spike_window}")
+        _check(self.max_bad_steps >= 1, f"health.max_bad_steps must be >= 1, got {self.max_bad_steps}")
+        _check(self.max_rollbacks >= 0, f"health.max_rollbacks must be >= 0, got {self.max_rollbacks}")
+        bad = sorted(self.debug_presets - {"comms", "anomaly"})
+        _check(not bad, f"health.debug: unknown preset(s) {bad}; use comms, anomaly, 'comms,anomaly' or off")
+
+    @property
+    def debug_presets(self) -> set[str]:
+        return {p.strip() for p in self.debug.split(",") if p.strip() and p.strip() != "off"}
+
+
+@dataclasses.dataclass
 class JobConfig:
     """Everything a training job needs; ``disttrain run --print-config`` shows the resolved one."""
 
@@ -306,6 +403,22 @@ class JobConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: str, what: str = "memory size") -> int:
+    """'80GiB', '512MB', '1.5T', '1000000' -> bytes; ConfigError saying the accepted forms otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(
+            f"{what}: cannot read {text!r} as a size; write a number and a unit, e.g. 80GiB, 24GB, 512MiB"
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def _divisors(n: int) -> list[int]:

@@ -5,11 +5,13 @@ elastic restarts. No home-made spawner: torchrun sets RANK/WORLD_SIZE/LOCAL_RANK
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -99,9 +101,23 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
 
 def resolve_job(cfg: JobConfig) -> JobConfig:
     """Fill in what the user left to us (device, nproc, strategy) and check everything that needs them."""
+    return plan_and_resolve(cfg)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyChoice:
+    """What ``disttrain run`` decided, for the console and the run folder."""
+
+    strategy: str
+    reason: str
+    plan_text: str = ""
+    plan_json: dict[str, Any] | None = None
+
+
+def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
+    """:func:`resolve_job`, plus the memory plan that chose (or checked) the strategy."""
     from disttrain.dist.env import resolve_device_type
     from disttrain.dist.mesh import ParallelDims
-    from disttrain.dist.strategy import resolve_strategy
     from disttrain.job import check_imports
 
     try:
@@ -114,14 +130,39 @@ def resolve_job(cfg: JobConfig) -> JobConfig:
     check_nproc(nproc, device, cfg.parallel.oversubscribe)
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
     world = nproc * max_nodes
-    strategy = resolve_strategy(cfg.parallel.strategy, world)
-    dims = ParallelDims(strategy, world, cfg.parallel.replicate)
-    resolve_batch(cfg.train, dims.dp_size)
     check_imports(cfg)
-    return dataclasses.replace(
-        cfg,
-        parallel=dataclasses.replace(cfg.parallel, nproc=nproc, device=device, strategy=strategy),  # type: ignore[arg-type]
+    choice = choose_strategy(cfg, nproc, max_nodes, device)
+    dims = ParallelDims(choice.strategy, world, cfg.parallel.replicate, cfg.parallel.shard, local_world_size=nproc)
+    resolve_batch(cfg.train, dims.dp_size)
+    parallel = dataclasses.replace(cfg.parallel, nproc=nproc, device=device, strategy=dims.strategy)  # type: ignore[arg-type]
+    return dataclasses.replace(cfg, parallel=parallel), choice
+
+
+def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> StrategyChoice:
+    """'auto' from the memory plan; a forced strategy is checked against it (ConfigError unless it fits
+    or ``parallel.force``). A model the planner cannot profile keeps a forced strategy, with a warning."""
+    from disttrain import memory
+    from disttrain.config import MetaDeviceError
+    from disttrain.dist.mesh import SHARDED
+    from disttrain.dist.strategy import resolve_strategy
+
+    if cfg.checkpoint.create_seed:
+        return StrategyChoice("single", "seed checkpoint: one process")
+    layout = memory.Layout(
+        nproc,
+        nnodes,
+        memory.resolve_device_memory(cfg.parallel.device_memory, device, nproc),
+        cfg.parallel.memory_headroom,
     )
+    try:
+        est = memory.plan_job(cfg, layout)
+    except ConfigError as e:
+        if cfg.parallel.strategy == "auto" or (isinstance(e, MetaDeviceError) and cfg.parallel.strategy in SHARDED):
+            raise
+        print(f"disttrain: warning: no memory plan ({e})", file=sys.stderr)
+        return StrategyChoice(resolve_strategy(cfg.parallel.strategy, nproc * nnodes), "forced; no memory plan")
+    strategy, reason = memory.decide(cfg, est)
+    return StrategyChoice(strategy, reason, memory.render(est), est.to_json())
 
 
 def make_run_dir(cfg: JobConfig) -> Path:
@@ -138,15 +179,23 @@ def make_run_dir(cfg: JobConfig) -> Path:
 
 def launch_job(cfg: JobConfig) -> int:
     """``disttrain run``: resolve, write the run folder, start the workers (in-process when alone)."""
-    cfg = resolve_job(cfg)
+    cfg, choice = plan_and_resolve(cfg)
     run_dir = make_run_dir(cfg)
     (run_dir / "config.toml").write_text(to_toml(cfg))
+    (run_dir / "strategy.json").write_text(
+        json.dumps({"strategy": choice.strategy, "reason": choice.reason, "plan": choice.plan_json}, indent=2) + "\n"
+    )
+    if choice.plan_text:
+        (run_dir / "memory_plan.txt").write_text(choice.plan_text + "\n")
     nproc, device = cfg.parallel.nproc or 1, cfg.parallel.device
     print(
         f"disttrain: {cfg.parallel.strategy} on {nproc} {device} process(es) x {cfg.launch.nnodes} node(s); "
-        f"run folder {run_dir}",
+        f"run folder {run_dir}\ndisttrain: strategy {cfg.parallel.strategy}: {choice.reason}",
         flush=True,
     )
+    from disttrain.health import debug_env
+
+    os.environ.update(debug_env(cfg.health.debug_presets, run_dir))  # read by the workers' c10d/NCCL at start
     if nproc == 1 and cfg.launch.nnodes == "1" and cfg.launch.max_restarts == 0:
         from disttrain import job
 

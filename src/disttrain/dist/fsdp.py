@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from disttrain.config import DTYPES, ConfigError
-
 
 
 def find_blocks(model: nn.Module, spec: str = "auto") -> list[nn.Module]:
@@ -58,16 +57,22 @@ def apply_fsdp(
     reshard_after_forward: str = "default",
     forward_prefetch: int = 0,
     backward_prefetch: int = 0,
+    offload: bool = False,
 ) -> nn.Module:
-    """Shard ``model`` in place over ``mesh`` and return it (now an ``FSDPModule``)."""
+    """Shard ``model`` in place over ``mesh`` (1-D: FSDP; 2-D replicate x shard: HSDP) and return it.
+
+    With ``offload``, sharded parameters, gradients and optimizer state live in host memory
+    (``CPUOffloadPolicy``; pinned only where there is an accelerator to pin for).
+    """
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
     blocks = find_blocks(model, shard_modules)
     for i, block in enumerate(blocks):
-        fully_shard(
-            block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_flag(reshard_after_forward, i, len(blocks))
-        )
+        reshard = reshard_flag(reshard_after_forward, i, len(blocks))
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=policy)
     # The root keeps its params gathered after forward under 'default': backward starts with them.
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always")
+    reshard_root = reshard_after_forward == "always"
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_root, offload_policy=policy)
     set_prefetch(blocks, forward_prefetch, backward_prefetch)
     return model
 

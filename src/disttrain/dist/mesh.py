@@ -1,7 +1,10 @@
 """ParallelDims: the data-parallel layout (replicate x shard degrees), validated once; builds the DeviceMesh.
 
-Callers ask ``dims.fsdp_enabled`` / ``dims.dp_size``; nobody else redoes the arithmetic
-(after torchtitan's ``distributed/parallel_dims.py``).
+Callers ask ``dims.fsdp_enabled`` / ``dims.dp_size`` / ``dims.shard``; nobody else redoes the arithmetic
+(after torchtitan's ``distributed/parallel_dims.py``). Every rank sees different data (``dp_size`` is the
+world size); what differs between strategies is how parameters, gradients and optimizer state are spread:
+DDP replicates them on every rank, FSDP shards them over all ranks, HSDP shards them within a group of
+``shard`` ranks (a node, by default) and replicates the groups (``replicate`` of them).
 """
 
 from __future__ import annotations
@@ -12,36 +15,71 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from disttrain.config import ConfigError
 
-STRATEGIES = ("single", "ddp", "fsdp")
+STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp")
+"""Strategies that shard parameters (the model is built on the meta device for them)."""
 
 
 @dataclass
 class ParallelDims:
-    """``strategy`` over ``world_size`` ranks; FSDP meshes are (replicate x shard)."""
+    """``strategy`` over ``world_size`` ranks. ``replicate`` / ``shard`` may be -1 ("the rest"); after
+    construction both are resolved: single/ddp = (world, 1)-like replication, fsdp = (1, world), hsdp =
+    (world / shard, shard) with ``shard`` defaulting to ``local_world_size`` (the ranks of one node)."""
 
     strategy: str
     world_size: int
-    replicate: int = 1
+    replicate: int = -1
+    shard: int = -1
+    local_world_size: int | None = None
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if self.strategy == "single" and self.world_size != 1:
+        s, w = self.strategy, self.world_size
+        if s not in STRATEGIES:
+            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {s!r}")
+        if s == "single" and w != 1:
             raise ConfigError(
-                f"strategy 'single' runs one process, but the world size is {self.world_size}; "
+                f"strategy 'single' runs one process, but the world size is {w}; "
                 "use --parallel.strategy ddp or fsdp, or --parallel.nproc 1"
             )
-        if self.world_size % self.replicate:
-            raise ConfigError(
-                f"parallel.replicate ({self.replicate}) must divide the world size ({self.world_size})"
-            )
-        if self.replicate > 1 and self.strategy != "fsdp":
-            raise ConfigError(f"parallel.replicate > 1 needs strategy 'fsdp', got {self.strategy!r}")
+        if s == "fsdp" and self.replicate > 1:
+            s = self.strategy = "hsdp"  # fsdp with replica groups is HSDP (the name before HSDP had its own)
+        if s in ("single", "ddp"):
+            if self.replicate not in (-1, 1, w) or self.shard not in (-1, 1):
+                raise ConfigError(
+                    f"parallel.replicate/shard ({self.replicate} x {self.shard}) apply to fsdp/hsdp, not {s!r}; "
+                    "leave them at -1 or use --parallel.strategy hsdp"
+                )
+            self.replicate, self.shard = w, 1
+            return
+        if s == "fsdp":
+            if self.shard not in (-1, w):
+                raise ConfigError(
+                    f"FSDP shards over all {w} ranks, but parallel.shard is {self.shard}; "
+                    "use --parallel.strategy hsdp to shard within groups, or leave shard at -1"
+                )
+            self.replicate, self.shard = 1, w
+            return
+        self.replicate, self.shard = self._hsdp_degrees()
 
-    @property
-    def shard(self) -> int:
-        return self.world_size // self.replicate if self.fsdp_enabled else 1
+    def _hsdp_degrees(self) -> tuple[int, int]:
+        w, r, sh = self.world_size, self.replicate, self.shard
+        if r == -1 and sh == -1:
+            sh = self.local_world_size or w
+        hint = f"degrees that divide {w}: {', '.join(str(d) for d in range(1, w + 1) if w % d == 0)}"
+        for name, v in (("replicate", r), ("shard", sh)):
+            if v != -1 and w % v:
+                raise ConfigError(f"parallel.{name} ({v}) must divide the world size ({w}); {hint}")
+        if r == -1:
+            r = w // sh
+        if sh == -1:
+            sh = w // r
+        if r * sh != w:
+            raise ConfigError(
+                f"parallel.replicate ({r}) x parallel.shard ({sh}) = {r * sh}, but the world size is {w}; "
+                f"set them so the product is {w}, or one of them to -1 (the rest)"
+            )
+        return r, sh
 
     @property
     def dp_size(self) -> int:
@@ -50,16 +88,26 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.strategy == "fsdp"
+        """Parameters are sharded (FSDP or HSDP)."""
+        return self.strategy in SHARDED
+
+    @property
+    def hsdp_enabled(self) -> bool:
+        return self.strategy == "hsdp"
 
     @property
     def ddp_enabled(self) -> bool:
         return self.strategy == "ddp"
 
+    def describe(self) -> str:
+        if self.hsdp_enabled:
+            return f"hsdp ({self.replicate} replicas x {self.shard} shards)"
+        return self.strategy
+
     def mesh(self, device_type: str) -> DeviceMesh:
-        """The DeviceMesh, built on first use: 1-D ('shard',) or 2-D ('replicate', 'shard')."""
+        """The DeviceMesh, built on first use: 1-D ('dp',) or 2-D ('replicate', 'shard') for HSDP."""
         if self._mesh is None:
-            if self.replicate > 1:
+            if self.hsdp_enabled:
                 self._mesh = init_device_mesh(
                     device_type, (self.replicate, self.shard), mesh_dim_names=("replicate", "shard")
                 )

@@ -1,4 +1,4 @@
-"""Apply a strategy (single | ddp | fsdp) to a model: the one place a model becomes distributed.
+"""Apply a strategy (single | ddp | fsdp | hsdp) to a model: the one place a model becomes distributed.
 
 :func:`parallelize` returns a :class:`Parallelized` that the training loop (yours or ours) uses
 without knowing which strategy is underneath: ``sync(last)`` controls gradient sync during
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,8 +21,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
-from disttrain.dist.fsdp import apply_fsdp
+from disttrain.config import DTYPES, ConfigError, ParallelConfig, PrecisionConfig
+from disttrain.dist.activation import apply_activation_checkpointing
+from disttrain.dist.fsdp import apply_fsdp, find_blocks
 from disttrain.dist.init import is_meta, materialize
 from disttrain.dist.mesh import ParallelDims
 
@@ -75,7 +77,8 @@ class Parallelized:
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
-    """'auto' -> ddp over several ranks, single alone (the memory planner will refine this)."""
+    """'auto' without a memory plan -> ddp over several ranks, single alone (``disttrain run`` and the
+    Trainer decide 'auto' from the plan instead: :func:`disttrain.memory.recommend`)."""
     if strategy == "auto":
         return "ddp" if world_size > 1 else "single"
     return strategy
@@ -104,13 +107,22 @@ def parallelize(
     precision = precision or PrecisionConfig()
     if dims is None:
         world = dist.get_world_size() if dist.is_initialized() else 1
-        dims = ParallelDims(resolve_strategy(parallel.strategy, world), world, parallel.replicate)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        strategy = resolve_strategy(parallel.strategy, world)
+        dims = ParallelDims(strategy, world, parallel.replicate, parallel.shard, local_world_size=local)
     device = device or current_device()
     if dims.world_size > 1 and not dist.is_initialized():
         raise RuntimeError(
             f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "
             "start the script with `disttrain launch -n N script.py` (or torchrun) and call init_distributed()"
         )
+    if parallel.offload and not dims.fsdp_enabled:
+        raise ConfigError(
+            "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
+            f"not {dims.strategy!r}"
+        )
+    if parallel.activation_checkpointing != "none":
+        apply_activation_checkpointing(find_blocks(model, parallel.shard_modules), parallel.activation_checkpointing)
     if dims.fsdp_enabled:
         apply_fsdp(
             model,
@@ -121,11 +133,13 @@ def parallelize(
             reshard_after_forward=parallel.reshard_after_forward,
             forward_prefetch=parallel.forward_prefetch,
             backward_prefetch=parallel.backward_prefetch,
+            offload=parallel.offload,
         )
+        home = torch.device("cpu") if parallel.offload else device  # offloaded shards live in host memory
         if is_meta(model):
-            materialize(model, device)
+            materialize(model, home)
         else:
-            model.to(device)
+            model.to(home)
         return Parallelized(model, model, dims, device, precision.dtype)
     if is_meta(model):
         materialize(model, device)

@@ -132,7 +132,7 @@ class Trainer:
             from disttrain.memory import auto_strategy
 
             strategy, self.strategy_reason = auto_strategy(
-                model, train_data[0], cfg, self.env.world_size, self.env.local_world_size
+                model, train_data[0], cfg, self.env.world_size, self.env.local_world_size, loss_fn
             )
         else:
             strategy = resolve_strategy(cfg.parallel.strategy, self.env.world_size)
@@ -283,11 +283,13 @@ class Trainer:
         sink = M.MetricsSink(self.run_dir, env.is_main, cfg.metrics.tensorboard)
         console = M.Console(env.is_main, cfg.train.steps, self.step, cfg.metrics.progress)
         console.print(
-            f"strategy {self.dims.strategy} x {env.world_size} rank(s) on {env.device.type} | "
+            f"strategy {self.dims.describe()} x {env.world_size} rank(s) on {env.device.type} | "
             f"global batch {self.plan.global_batch} = micro {self.plan.micro_batch} x accum "
             f"{self.plan.accum_steps} x dp {self.plan.dp_size} | {cfg.precision.dtype} | "
             f"peak {self.peak:.2f} TFLOP/s/rank ({self.peak_source})"
         )
+        if cfg.parallel.strategy == "auto":
+            console.print(f"strategy {self.dims.strategy}: {self.strategy_reason}")
         if resumed is not None:
             console.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
         if env.is_main and (restart := restart_event(self.run_dir, resumed.step if resumed else None, env.world_size)):
