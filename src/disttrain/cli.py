@@ -60,7 +60,7 @@ def _launch(argv: list[str]) -> int:
 
 
 def _estimate(argv: list[str]) -> int:
-    from disttrain.memory import run_estimate
+    from disttrain.estimate_cmd import run_estimate
 
     p = argparse.ArgumentParser(prog="disttrain estimate", add_help=False)
     p.add_argument("--config", default=None)

@@ -264,7 +264,7 @@ class Estimate:
         }
 
 
-def _sum(params: tuple[ParamInfo, ...], n: int, nbytes: int, trainable_only: bool = False) -> int:
+def sharded_bytes(params: tuple[ParamInfo, ...], n: int, nbytes: int, trainable_only: bool = False) -> int:
     return sum(p.shard_numel(n) * nbytes for p in params if p.trainable or not trainable_only)
 
 
@@ -288,9 +288,9 @@ def _sharded_plan(name: str, prof: ModelProfile, n: int, cfg: JobConfig, act: in
         gathered = (root + sum(blocks)) * cb + grad_unsharded
     if not prof.n_blocks:  # one unit: the whole model
         gathered = root * cb + root * (cb + (rb if rb != cb else 0))
-    params = _sum(ps, n, 4)
-    grads = _sum(ps, n, 4, trainable_only=True)
-    optim = _sum(ps, n, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps)
+    params = sharded_bytes(ps, n, 4)
+    grads = sharded_bytes(ps, n, 4, trainable_only=True)
+    optim = sharded_bytes(ps, n, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps)
     if name == "fsdp_offload":
         return StrategyPlan(name, n, 0, 0, 0, gathered, act, host=params + grads + optim)
     return StrategyPlan(name, n, params, grads, optim, gathered, act)
@@ -309,9 +309,9 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout) -> Estimate:
         "ddp": StrategyPlan(
             "ddp",
             1,
-            _sum(ps, 1, 4),
-            _sum(ps, 1, 4, trainable_only=True),
-            _sum(ps, 1, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps),
+            sharded_bytes(ps, 1, 4),
+            sharded_bytes(ps, 1, 4, trainable_only=True),
+            sharded_bytes(ps, 1, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps),
             low_precision_copies,
             act,
         ),
@@ -360,14 +360,14 @@ def advice(est: Estimate, prof: ModelProfile, cfg: JobConfig) -> str:
     """What would make FSDP fit: activation checkpointing, offload, more ranks."""
     tips = []
     if est.ac == "none":
-        alt = estimate(prof, _with(cfg, activation_checkpointing="full"), est.layout).plans["fsdp"]
+        alt = estimate(prof, with_parallel(cfg, activation_checkpointing="full"), est.layout).plans["fsdp"]
         tips.append(f"--parallel.activation_checkpointing full (FSDP then needs {fmt_bytes(alt.total)})")
     tips.append(f"--parallel.offload ({fmt_bytes(est.plans['fsdp_offload'].total)} on the device)")
     tips.append("more ranks, a smaller micro-batch, or --parallel.force to try anyway")
     return "; ".join(tips)
 
 
-def _with(cfg: JobConfig, **parallel: Any) -> JobConfig:
+def with_parallel(cfg: JobConfig, **parallel: Any) -> JobConfig:
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **parallel))
 
 
@@ -509,78 +509,3 @@ def auto_strategy(
     except ConfigError as e:
         return resolve_strategy("auto", world), f"auto without a memory plan ({e})"
     return decide(cfg, estimate(prof, cfg, layout))
-
-
-def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Predicted vs measured per strategy: a text table and the same figures as JSON (error in %)."""
-    prof = est.profile
-    saved_pred = prof.activations(est.ac) - prof.largest_act  # what saved-tensor hooks can see
-    lines = [f"predicted vs measured, per rank ({est.layout.nproc} rank(s) on this machine)"]
-    lines.append(f"{'strategy':<16}{'row':<14}{'predicted':>12}{'measured':>12}{'error':>9}")
-    table: dict[str, Any] = {}
-    for s, m in measured.items():
-        if "error" in m:
-            lines.append(f"{s:<16}failed: {m['error']}")
-            table[s] = m
-            continue
-        p = est.plans[s]
-        shard_params, shard_grads = _sum(prof.params, p.shard, 4), _sum(prof.params, p.shard, 4, True)
-        pairs = {
-            "params": (p.params if s != "fsdp_offload" else shard_params, m["params"]),
-            "grads": (p.grads if s != "fsdp_offload" else shard_grads, m["grads"]),
-            "optimizer": (p.optimizer if s != "fsdp_offload" else p.host - shard_params - shard_grads, m["optimizer"]),
-            "activations": (saved_pred, m["activations_saved"]),
-            # on CPU the offloaded shards are in the same RSS as everything else
-            "total peak": (p.total + (p.host if m["peak_source"] != "cuda max_memory_allocated" else 0), m["peak"]),
-        }
-        table[s] = {"peak_source": m["peak_source"]}
-        for row, (pred, meas) in pairs.items():
-            err = 100.0 * (pred - meas) / meas if meas else float("nan")
-            table[s][row] = {"predicted": int(pred), "measured": int(meas), "error_pct": err}
-            lines.append(f"{s:<16}{row:<14}{fmt_bytes(pred):>12}{fmt_bytes(meas):>12}{err:>8.1f}%")
-    source = next((m["peak_source"] for m in measured.values() if "peak_source" in m), "-")
-    lines.append(f"measured total peak: {source}, above the process before the model was built")
-    return "\n".join(lines), table
-
-
-def run_estimate(
-    cfg: JobConfig,
-    *,
-    nproc: int | None = None,
-    nnodes: int = 1,
-    device_memory: str | None = None,
-    as_json: bool = False,
-    measure: bool = False,
-) -> int:
-    """``disttrain estimate``: print the plan (and, with ``measure``, predicted vs measured)."""
-    import json
-
-    from disttrain.launch import check_nproc, default_nproc
-
-    device = "cuda" if cfg.parallel.device != "cpu" and torch.cuda.is_available() else "cpu"
-    nproc = nproc or cfg.parallel.nproc or default_nproc(device)
-    if nproc < 1 or nnodes < 1:
-        raise ConfigError(f"--nproc ({nproc}) and --nnodes ({nnodes}) must be >= 1")
-    mem = (
-        parse_bytes(device_memory, "--device-memory")
-        if device_memory
-        else resolve_device_memory(cfg.parallel.device_memory, device, nproc)
-    )
-    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom))
-    out: dict[str, Any] = est.to_json()
-    text = render(est)
-    if measure:
-        if nnodes != 1:
-            raise ConfigError("--measure runs on this machine only; drop --nnodes (or set it to 1)")
-        check_nproc(nproc, device, oversubscribe=cfg.parallel.oversubscribe or device == "cpu")
-        from disttrain.memory_measure import measure as run_measure
-
-        if nproc == 1:
-            measured = {"ddp": run_measure(_with(cfg, device=device), 1, ["single"])["single"]}
-        else:
-            cols = [c for c in COLUMNS if c != "hsdp" and (est.fits[c] or cfg.parallel.force)]
-            measured = run_measure(_with(cfg, device=device), nproc, cols)
-        table, out["measured"] = compare(est, measured)
-        text += "\n\n" + table
-    print(json.dumps(out, indent=2) if as_json else text)
-    return 0
