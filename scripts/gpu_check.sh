@@ -41,3 +41,12 @@ f32, b16 = recs("fp32-single")[-1], recs("bf16-single")[-1]
 print(f"bf16/fp32 tokens/s = {b16['tokens_per_s'] / f32['tokens_per_s']:.2f}x; bf16 MFU {b16['mfu']*100:.1f}%")
 print(f"allocator peak (bf16 single) = {b16['peak_memory_bytes'][0] / 2**20:.0f} MiB")
 PY
+# The memory plan against the CUDA allocator: predicted vs max_memory_allocated per strategy (world 1).
+$DT estimate --nproc 1 --measure --train.micro-batch 32 --train.global-batch 32 2>&1 | tee "$OUT/estimate_measure.txt" | tail -8
+# Checkpoint round trip through NCCL + DCP (async thread), then resume: the run must continue from step 40.
+$DT run "${COMMON[@]}" --launch.max-restarts 1 --parallel.strategy fsdp --checkpoint.interval 40 \
+  --run.name ckpt-fsdp 2>&1 | tail -2
+$DT run "${COMMON[@]}" --launch.max-restarts 1 --parallel.strategy fsdp --train.steps 80 --run.name ckpt-fsdp \
+  2>&1 | grep -E "resumed|done" | tee "$OUT/resume.txt"
+# doctor: CUDA/NCCL versions, devices, NCCL all-reduce bandwidth.
+$DT doctor 2>&1 | tee "$OUT/doctor.txt" | tail -20 || true
