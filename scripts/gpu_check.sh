@@ -43,7 +43,7 @@ print(f"allocator peak (bf16 single) = {b16['peak_memory_bytes'][0] / 2**20:.0f}
 PY
 # The memory plan against the CUDA allocator: predicted vs max_memory_allocated per strategy (world 1).
 $DT estimate --nproc 1 --measure --train.micro-batch 32 --train.global-batch 32 2>&1 | tee "$OUT/estimate_measure.txt" | tail -8
-# Checkpoint round trip through NCCL + DCP (async thread), then resume: the run must continue from step 40.
+# Checkpoint round trip through NCCL + DCP (async thread), then resume: the second run continues from the first one's final checkpoint (step 60).
 $DT run "${COMMON[@]}" --launch.max-restarts 1 --parallel.strategy fsdp --checkpoint.interval 40 \
   --run.name ckpt-fsdp 2>&1 | tail -2
 $DT run "${COMMON[@]}" --launch.max-restarts 1 --parallel.strategy fsdp --train.steps 80 --run.name ckpt-fsdp \
