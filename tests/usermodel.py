@@ -33,6 +33,6 @@ def dataset() -> tuple[Pairs, Pairs]:
 def not_on_meta() -> nn.Module:
     """A factory that reads tensor data while building: it cannot run on the meta device."""
     model = build()
-    scale = float(next(model.parameters()).abs().max())  # .item() on a meta tensor fails
+    scale = float(next(model.parameters()).detach().abs().max())  # .item() on a meta tensor fails
     assert scale >= 0
     return model

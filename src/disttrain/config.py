@@ -235,8 +235,9 @@ class ParallelConfig:
 class PrecisionConfig:
     """Mixed precision: low-precision compute, fp32 master weights and fp32 gradient reduction."""
 
-    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
-    """Compute dtype for matmuls (params and optimizer state stay fp32)."""
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Compute dtype for matmuls (params and optimizer state stay fp32); auto: bf16 where the hardware
+    computes it fast (GPUs with bf16, CPUs with AMX or AVX512-BF16), else fp32."""
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """Gradient reduction dtype (FSDP)."""
 

@@ -116,7 +116,7 @@ class StrategyChoice:
 
 def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
     """:func:`resolve_job`, plus the memory plan that chose (or checked) the strategy."""
-    from disttrain.dist.env import resolve_device_type
+    from disttrain.dist.env import resolve_device_type, resolve_precision
     from disttrain.dist.mesh import ParallelDims
     from disttrain.job import check_imports
 
@@ -131,6 +131,7 @@ def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
     world = nproc * max_nodes
     check_imports(cfg)
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     choice = choose_strategy(cfg, nproc, max_nodes, device)
     dims = ParallelDims(choice.strategy, world, cfg.parallel.replicate, cfg.parallel.shard, local_world_size=nproc)
     resolve_batch(cfg.train, dims.dp_size)

@@ -298,6 +298,7 @@ def _sharded_plan(name: str, prof: ModelProfile, n: int, cfg: JobConfig, act: in
 
 def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout) -> Estimate:
     """Per-rank plans for every strategy at ``layout``, and the recommendation."""
+    cfg = resolved_precision(cfg)
     ac = cfg.parallel.activation_checkpointing
     act = prof.activations(ac)
     ac_alt = "full" if ac == "none" else "none"
@@ -435,8 +436,19 @@ def resolve_device_memory(spec: str, device_type: str, nproc: int) -> int:
     return int(psutil.virtual_memory().total // max(nproc, 1))
 
 
+def resolved_precision(cfg: JobConfig, device_type: str | None = None) -> JobConfig:
+    """``precision.dtype = "auto"`` decided for ``device_type`` (default: cuda if present, else cpu)."""
+    from disttrain.dist.env import resolve_precision
+
+    if cfg.precision.dtype != "auto":
+        return cfg
+    device_type = device_type or ("cuda" if cfg.parallel.device != "cpu" and torch.cuda.is_available() else "cpu")
+    return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+
+
 def plan_job(cfg: JobConfig, layout: Layout) -> Estimate:
     """Build the configured model on the meta device, profile it, and estimate every strategy."""
+    cfg = resolved_precision(cfg)
     from disttrain.job import build_data, build_model
 
     train, _, text = build_data(cfg)
@@ -501,6 +513,7 @@ def auto_strategy(
         resolve_device_memory(cfg.parallel.device_memory, device_type, local),
         cfg.parallel.memory_headroom,
     )
+    cfg = resolved_precision(cfg, device_type)
     try:
         prof = profile_model(
             model, sample, micro_batch=cfg.train.micro_batch, compute_dtype=cfg.precision.dtype,

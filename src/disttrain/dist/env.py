@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import os
 import random
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from disttrain.config import PrecisionConfig
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,23 @@ def resolve_device_type(pref: str = "auto") -> str:
     if pref == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("parallel.device is 'cuda' but no CUDA device is visible; use --parallel.device cpu")
     return pref
+
+
+def fast_bf16(device_type: str) -> bool:
+    """Whether bf16 matmuls run faster than fp32 here: GPUs with bf16, CPUs with AMX or AVX512-BF16
+    (elsewhere torch emulates bf16 on the CPU, about 50-100x slower than fp32)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    cpu = torch.cpu
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, p, lambda: False)()) for p in probes)
+
+
+def resolve_precision(precision: PrecisionConfig, device_type: str) -> PrecisionConfig:
+    """``dtype = "auto"`` -> bf16 where :func:`fast_bf16`, else fp32; other choices are kept."""
+    if precision.dtype != "auto":
+        return precision
+    return dataclasses.replace(precision, dtype="bf16" if fast_bf16(device_type) else "fp32")
 
 
 def backend_for(device_type: str) -> str:

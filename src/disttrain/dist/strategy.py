@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.config import DTYPES, ConfigError, ParallelConfig, PrecisionConfig
 from disttrain.dist.activation import apply_activation_checkpointing
+from disttrain.dist.env import resolve_precision
 from disttrain.dist.fsdp import apply_fsdp, find_blocks
 from disttrain.dist.init import is_meta, materialize
 from disttrain.dist.mesh import ParallelDims
@@ -111,6 +112,7 @@ def parallelize(
         strategy = resolve_strategy(parallel.strategy, world)
         dims = ParallelDims(strategy, world, parallel.replicate, parallel.shard, local_world_size=local)
     device = device or current_device()
+    precision = resolve_precision(precision, device.type)
     if dims.world_size > 1 and not dist.is_initialized():
         raise RuntimeError(
             f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "

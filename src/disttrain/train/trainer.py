@@ -9,6 +9,7 @@ alone), applies the configured strategy through :func:`disttrain.parallelize`, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -28,7 +29,7 @@ from torch.utils.data import Dataset
 from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model, fault_point
 from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches
-from disttrain.dist.env import DistEnv, init_distributed, seed_everything
+from disttrain.dist.env import DistEnv, init_distributed, resolve_precision, seed_everything
 from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
 from disttrain.health import HealthError, HealthMonitor, StepGuard, log_event, restart_event, set_collective_timeout
@@ -119,6 +120,7 @@ class Trainer:
         self.env = env or init_distributed(
             cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s)
         )
+        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.env.device.type))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.loss_fn = loss_fn
         self.checkpoint = checkpoint
