@@ -1,8 +1,8 @@
 """What health monitoring costs per training step: heartbeats + hang watchdog + straggler figures, on vs off.
 
-One launch of 2 ranks (gloo, one thread each) trains the same GPT (4 blocks, width 256, context 128, bf16,
-DDP) under four variants, in blocks of steps interleaved round by round (the order rotates), so the
-machine's noise hits them alike:
+One launch of 2 ranks (gloo, one thread each) trains the same GPT (4 blocks, width 256, context 128, DDP;
+bf16 where the CPU multiplies bf16 fast, else fp32: see ``pick_dtype``) under four variants, in blocks of
+steps interleaved round by round (the order rotates), so the machine's noise hits them alike:
 
 * ``none``: the Trainer's health hooks replaced by no-ops (the floor);
 * ``hooks``: ``health.enabled = false`` (the phase/step hooks still run, no thread);
@@ -12,7 +12,13 @@ machine's noise hits them alike:
 A fresh HealthMonitor is started before each ``on`` block and closed after it, outside the timed part.
 The figure is the median over rounds of the paired ratio t(variant) / t(none). Goal: on / none < 1.01.
 
-    .venv/bin/python benchmarks/bench_health.py [--rounds 8] [--steps-per-block 8]
+On a loaded machine those ratios scatter by far more than 1%, so each rank also times, one call at a time
+(wall and CPU of the calling thread, 200 calls each), what the thread runs every period (one heartbeat
+``store.set``, the verdict ``check``, and on rank 0 the watchdog pass) and what the training thread runs
+every step (the phase/step/fault hooks, at step 100 and at step 100,000: their cost must not grow with the
+step). Period cost / heartbeat_s is the share of a core the monitor takes, whatever the step time.
+
+    .venv/bin/python benchmarks/bench_health.py [--rounds 12] [--steps-per-block 4] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -32,10 +38,16 @@ GOAL = 1.01
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps-per-block", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--steps-per-block", type=int, default=4)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="auto: bf16 where the CPU has fast bf16 matmuls (oneDNN: AVX-512/AMX), else fp32",
+    )
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -59,6 +71,59 @@ class _NoHealth:
         return False
 
 
+def pick_dtype(requested: str) -> str:
+    """bf16 only where the CPU multiplies bf16 fast: without AVX-512/AMX, torch falls back to a reference
+    GEMM ~100x slower than fp32 (0.18 vs 18 GFLOP/s on an AVX2 EPYC), and one step takes tens of seconds."""
+    if requested != "auto":
+        return requested
+    try:
+        fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        fast = False
+    return "bf16" if fast else "fp32"
+
+
+def direct_costs(cfg: Any, rank: int, world: int, calls: int = 200) -> dict[str, float]:
+    """Seconds per call (wall, and CPU of this thread) of what the monitor runs each period and each step."""
+    import dataclasses
+
+    from disttrain.health import HealthMonitor
+
+    # a period of an hour: the thread sleeps, and the calls below are what it would run each period
+    mon = HealthMonitor(dataclasses.replace(cfg, heartbeat_s=3600.0), rank, world, None, 600.0)
+    mon.start()
+    torch.distributed.barrier()  # every rank's first heartbeat is in the store
+    out: dict[str, float] = {}
+
+    def timed(key: str, fn: Any, n: int = calls) -> None:
+        fn()
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(n):
+            fn()
+        out[f"{key}_wall_s"] = (time.perf_counter() - w0) / n
+        out[f"{key}_cpu_s"] = (time.thread_time() - c0) / n
+
+    timed("beat", mon._beat)
+    timed("verdict_check", lambda: mon._store.check(["verdict"]))
+    if rank == 0:
+        timed("watch", mon._watch)
+    for step in (100, 100_000):
+
+        def hooks(s: int = step) -> None:  # what train_step + fit call on the monitor per step
+            mon.phase("data")
+            mon.phase("forward")
+            mon.inject_faults(s)
+            mon.nan_fault(s)
+            mon.phase("backward")
+            mon.phase("optimizer")
+            mon.step_done(s + 1, 1.0)
+
+        timed(f"hooks_step{step}", hooks, 20 * calls)
+    torch.distributed.barrier()
+    mon.close()
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     import dataclasses
 
@@ -76,7 +141,7 @@ def worker(args: argparse.Namespace) -> None:
         "model": {"n_layers": 4, "d_model": 256, "n_heads": 4, "context": 128},
         "train": {"steps": 10_000, "global_batch": 16, "micro_batch": 8, "eval_interval": 0},
         "parallel": {"strategy": "ddp", "device": "cpu"},
-        "precision": {"dtype": "bf16"},
+        "precision": {"dtype": args.dtype},
         "metrics": {"progress": "off", "peak_tflops": 1.0},
     }
 
@@ -120,7 +185,8 @@ def worker(args: argparse.Namespace) -> None:
             times[name].append((time.perf_counter() - t0) / args.steps_per_block)
             if name.startswith("on"):
                 t.health.close()
-    C.write_rank_result(args.out, env.rank, {"times": times})
+    direct = direct_costs(trainers["on"].cfg.health, env.rank, env.world_size)
+    C.write_rank_result(args.out, env.rank, {"times": times, "direct": direct})
     C.finish_worker()
 
 
@@ -129,7 +195,9 @@ def main(argv: list[str]) -> None:
     if C.is_worker():
         worker(args)
         return
+    args.dtype = pick_dtype(args.dtype)
     fwd = ["--rounds", str(args.rounds), "--steps-per-block", str(args.steps_per_block), "--warmup", str(args.warmup)]
+    fwd += ["--dtype", args.dtype]
     ranks = C.launch_and_collect(args.nproc, Path(__file__), fwd)
     times = ranks[0]["times"]  # the ranks are in lockstep (DDP): rank 0's clock is the job's
     rows, results = [], {}
@@ -145,7 +213,45 @@ def main(argv: list[str]) -> None:
     )
     on = results["on"]["ratio_vs_none"]
     print(f"goal: on / none < {GOAL}: {C.verdict(on, GOAL, higher_is_better=False)} ({on:.4f})")
-    C.write_results("bench_health", {"args": vars(args), "goal": GOAL, "results": results})
+    step_s = results["none"]["median_step_s"]
+    drows = []
+    for r, rank in enumerate(ranks):
+        d = rank["direct"]
+        period_wall = d["beat_wall_s"] + d["verdict_check_wall_s"] + d.get("watch_wall_s", 0.0)
+        period_cpu = d["beat_cpu_s"] + d["verdict_check_cpu_s"] + d.get("watch_cpu_s", 0.0)
+        d["period_wall_s"], d["period_cpu_s"] = period_wall, period_cpu
+        drows.append(
+            [
+                f"rank {r}",
+                d["beat_wall_s"] * 1e3,
+                d.get("watch_wall_s", 0.0) * 1e3,
+                period_wall * 1e3,
+                period_cpu * 1e3,
+                f"{100 * period_cpu / 2.0:.3f}%",
+                f"{100 * period_cpu / 0.1:.2f}%",
+                d["hooks_step100_wall_s"] * 1e6,
+                d["hooks_step100000_wall_s"] * 1e6,
+                f"{100 * d['hooks_step100000_wall_s'] / step_s:.4f}%",
+            ]
+        )
+    C.table(
+        [
+            "rank",
+            "beat ms",
+            "watch ms",
+            "period ms (wall)",
+            "period ms (CPU)",
+            "CPU/2s",
+            "CPU/0.1s",
+            "hooks us/step @100",
+            "@100k",
+            "hooks/step",
+        ],
+        drows,
+        title="direct: cost of one heartbeat period (set + verdict check [+ watchdog pass]) and of the hooks",
+    )
+    direct = {f"rank{r}": rank["direct"] for r, rank in enumerate(ranks)}
+    C.write_results("bench_health", {"args": vars(args), "goal": GOAL, "results": results, "direct": direct})
 
 
 if __name__ == "__main__":

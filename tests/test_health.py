@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from disttrain import checkpoint, doctor
+from disttrain import checkpoint, doctor, health
 from disttrain.checkpoint import CheckpointManager
 from disttrain.config import ConfigError, HealthConfig, from_dict
 from disttrain.data.text import load_text_data
-from disttrain.health import HealthError, StepGuard, debug_env
+from disttrain.health import HealthError, HealthMonitor, StepGuard, debug_env
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.trainer import Trainer
 
@@ -142,6 +142,34 @@ def test_the_spike_guard_compares_with_a_rolling_median() -> None:
     assert guard.check(4.6, 1.0) == "spike"
     assert guard.check(3.0, float("inf")) == "nonfinite"
     assert StepGuard(HealthConfig(spike_rtol=0)).check(1e9, 1.0) is None  # off
+
+
+def test_the_fault_hook_costs_the_same_at_any_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inject_faults runs every step: it used to try slow:<k>:<r> for every k <= step (35 ms per step at
+    step 10,000, without any DISTTRAIN_FAULT set)."""
+    calls: list[tuple[Any, ...]] = []
+    real = health.fault_matches
+
+    def counted(*args: Any, **kwargs: Any) -> bool:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(health, "fault_matches", counted)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("DISTTRAIN_FAULT", raising=False)
+    mon = HealthMonitor(HealthConfig(), 0, 2, None, 600.0)
+    mon.inject_faults(100_000)
+    monkeypatch.setenv("DISTTRAIN_FAULT", "slow:7:1,nan:3:0")
+    mon.inject_faults(100_000)
+    assert len(calls) <= 3
+    assert mon._burned == 0  # rank 1's fault
+    # the slow fault still holds from its step on, on its own rank
+    monkeypatch.setenv("DISTTRAIN_FAULT", "slow:7:0")
+    mon._clean_cpu = 0.005
+    mon.inject_faults(6)
+    assert mon._burned == 0
+    mon.inject_faults(100_000)
+    assert mon._burned >= 0.01
 
 
 # -- stragglers ----------------------------------------------------------------------------------------------
