@@ -1,7 +1,8 @@
 """Per-rank bytes of parameters + gradients + optimizer state, DDP vs FSDP2, at 2 and 4 ranks.
 
-Exact accounting, not an estimate: after one optimizer step (before ``zero_grad`` frees the gradients)
-every rank sums the storage its tensors really hold: parameters, ``.grad`` and AdamW's state. A
+Exact accounting, not an estimate (``disttrain.memory_measure.account``, which the memory planner's
+``disttrain estimate --measure`` uses too): after one optimizer step (before ``zero_grad`` frees the
+gradients) every rank sums the storage its tensors really hold: parameters, ``.grad`` and AdamW's state. A
 DTensor counts its local shard (``.to_local()``); storage shared by several tensors (FSDP2's padded
 flat shards, DDP's bucket views) is counted once, by its full ``untyped_storage().nbytes()``, so
 padding shows up. The "logical" column counts numel x itemsize only. Default GPT (6 x 384, ~10.8M
@@ -39,38 +40,22 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-class Ledger:
-    """Bytes by category; a storage seen before (in any category) is not counted again."""
-
-    def __init__(self) -> None:
-        self.seen: set[int] = set()
-        self.storage: dict[str, int] = {}
-        self.logical: dict[str, int] = {}
-
-    def add(self, category: str, tensors: list[torch.Tensor]) -> None:
-        self.storage.setdefault(category, 0)
-        self.logical.setdefault(category, 0)
-        for t in tensors:
-            t = local(t)
-            self.logical[category] += t.numel() * t.element_size()
-            st = t.untyped_storage()
-            if st.data_ptr() not in self.seen and st.nbytes() > 0:
-                self.seen.add(st.data_ptr())
-                self.storage[category] += st.nbytes()
+def logical_bytes(tensors: list[torch.Tensor]) -> int:
+    """numel x itemsize (local shards), without padding or shared storage."""
+    return sum(local(t).numel() * local(t).element_size() for t in tensors)
 
 
 def account(trainer: Any) -> dict[str, Any]:
+    from disttrain.memory_measure import account as storage_bytes
+
     params = list(trainer.model.parameters())
-    ledger = Ledger()
-    ledger.add("params", params)
-    ledger.add("grads", [p.grad for p in params if p.grad is not None])
+    grads = [p.grad for p in params if p.grad is not None]
     state = [v for s in trainer.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    ledger.add("optimizer", state)
     return {
-        "storage": ledger.storage,
-        "logical": ledger.logical,
+        "storage": storage_bytes(trainer.model, trainer.optimizer),
+        "logical": {"params": logical_bytes(params), "grads": logical_bytes(grads), "optimizer": logical_bytes(state)},
         "n_params_local": sum(local(p).numel() for p in params),
-        "n_grads": sum(p.grad is not None for p in params),
+        "n_grads": len(grads),
         "n_state_tensors": len(state),
     }
 
