@@ -98,6 +98,15 @@ def interleave(
     return times
 
 
+def slowest_rank(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per variant and block, the slowest rank's time (it sets the pace); a collective: every rank calls it."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, times)
+    return {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 

@@ -333,9 +333,7 @@ def throughput_worker(args: argparse.Namespace) -> None:
         warmup=args.warmup,
         before_block=dist.barrier,
     )
-    gathered: list[Any] = [None] * env.world_size
-    dist.all_gather_object(gathered, times)
-    out = {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
+    out = C.slowest_rank(times)
     C.write_rank_result(args.out, env.rank, out)
     C.finish_worker()
 

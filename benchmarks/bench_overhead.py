@@ -190,10 +190,7 @@ def worker(args: argparse.Namespace) -> None:
             warmup=args.warmup,
             before_block=dist.barrier,
         )
-        # The slowest rank sets the pace: take the max over ranks of each block's time.
-        gathered: list[Any] = [None] * env.world_size
-        dist.all_gather_object(gathered, times)
-        out[strategy] = {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
+        out[strategy] = C.slowest_rank(times)
         del trainer, plain
     C.write_rank_result(args.out, env.rank, out)
     C.finish_worker()
