@@ -183,6 +183,46 @@ def make_checkpoints(folder: Path, steps: list[int], keep: int = 2) -> tuple[Che
     return mgr, model
 
 
+def test_every_save_holds_its_own_state_while_the_save_plan_is_cached(tmp_path: Path) -> None:
+    # The manager reuses DCP's cached save plan after the first save: each checkpoint must still hold the state
+    # of its own step, including when the state's structure changes (no Adam moments at step 0, an extra entry).
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, n_layers=1, d_model=16, n_heads=2, context=8))
+    opt = torch.optim.AdamW(model.parameters())
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(async_mode="off", keep_latest=10))
+    expected: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for step in range(5):
+        if step:
+            model(torch.randint(0, 20, (2, 8))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        state: dict[str, Any] = {"app": ModelOptimState(model, opt)}
+        if step == 2:
+            state["extra"] = {"x": torch.full((3,), 7.0)}
+        mgr.save(step, state)
+        expected[step] = (
+            {k: v.clone() for k, v in model.state_dict().items()},
+            {k: {n: t.clone() for n, t in v.items()} for k, v in opt.state_dict()["state"].items()},
+        )
+    mgr.close()
+    for step, (params, moments) in expected.items():
+        fresh = GPT(GPTConfig(vocab_size=20, n_layers=1, d_model=16, n_heads=2, context=8))
+        fresh_opt = torch.optim.AdamW(fresh.parameters())
+        if step:  # the optimizer must have state for DCP to load into
+            fresh(torch.randint(0, 20, (2, 8))).sum().backward()
+            fresh_opt.step()
+        target: dict[str, Any] = {"app": ModelOptimState(fresh, fresh_opt)}
+        if step == 2:
+            target["extra"] = {"x": torch.zeros(3)}
+        info = mgr.resolve(str(step))
+        assert info is not None and info.usable, step
+        mgr.load(target, info)
+        assert_close(fresh.state_dict(), params, rtol=0, atol=0)
+        assert_close(fresh_opt.state_dict()["state"], moments, rtol=0, atol=0)
+        if step == 2:
+            assert_close(target["extra"]["x"], torch.full((3,), 7.0))
+
+
 def test_keep_latest_purges_exactly_the_old_ones(tmp_path: Path) -> None:
     mgr, _ = make_checkpoints(tmp_path, [1, 2, 3, 4, 5], keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
@@ -276,3 +316,31 @@ def test_process_async_mode_and_model_only_final_save(tmp_path: Path, small_text
     vocab = weights["tok_emb.weight"].shape[0]
     model = GPT(GPTConfig(vocab_size=vocab, n_layers=2, d_model=64, n_heads=4, context=32))
     model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.arange(1000.0), torch.randn(3, 4, 5).bfloat16(), torch.tensor(3), torch.zeros(0), torch.ones(7).long()],
+    ids=["fp32", "bf16-3d", "scalar", "empty", "int64"],
+)
+def test_tensor_data_is_found_from_the_zip_head_alone(tensor: torch.Tensor) -> None:
+    # The loader finds a shard tensor's raw bytes from the first 4 KiB of its torch.save zip, without the central
+    # directory: the same offset the zip's own index gives, and the same bytes.
+    import io
+
+    from disttrain.checkpoint import _raw_tensor_data_from_head
+
+    buf = io.BytesIO()
+    torch.save(tensor, buf)
+    data = buf.getvalue()
+    found = _raw_tensor_data_from_head(data[:4096], len(data), tensor.dtype, tuple(tensor.shape))
+    assert found is not None
+    offset, nbytes = found
+    assert offset == torch._C.PyTorchFileReader(io.BytesIO(data)).get_record_offset("data/0")
+    assert data[offset : offset + nbytes] == tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert nbytes == tensor.numel() * tensor.element_size()
+    # anything not exactly as expected is left to DCP's own path
+    assert _raw_tensor_data_from_head(data[:4096], len(data), torch.float64, tuple(tensor.shape)) is None
+    view = io.BytesIO()
+    torch.save(torch.arange(10.0)[2:], view)  # a view into a larger storage: not one plain tensor
+    assert _raw_tensor_data_from_head(view.getvalue(), len(view.getvalue()), torch.float32, (8,)) is None

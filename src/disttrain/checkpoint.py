@@ -26,9 +26,11 @@ import pickle
 import re
 import shutil
 import signal
+import struct
 import sys
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -41,7 +43,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -192,6 +194,27 @@ class _ChecksummingFileSystem(FileSystem):
         self.sums[Path(path).name] = (summed.size, summed.crc)
 
 
+def _new_plan_key() -> str:
+    """A fresh key for DCP's class-level save-plan cache (one per manager, renewed after a failed save)."""
+    return f"disttrain-{uuid.uuid4().hex}"
+
+
+@contextlib.contextmanager
+def _zip_crc32_off() -> Iterator[None]:
+    """Skip the CRC32 that ``torch.save`` computes for its zip records while DCP writes the shards.
+
+    Our own stream already CRC32s every byte (zlib, ~2.3 GB/s here) and ``verify`` checks that; the zip's
+    second CRC (miniz, ~1.6 GB/s) cost 65 ms of a 300 ms save of 108 MB per rank. ``torch.load`` reads such
+    records normally. The option is process-wide; a ``torch.save`` on another thread meanwhile only loses its
+    zip CRC, never data."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
 class ChecksummingWriter(FileSystemWriter):
     """DCP's file writer that also leaves ``.checksums/rank<r>.json``: size and CRC32 of every shard file this
     rank wrote (plus ``extra`` files it wrote itself), computed while writing. Rank 0 merges the sidecars
@@ -207,7 +230,8 @@ class ChecksummingWriter(FileSystemWriter):
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         fault_error("write_error", self.step, self.sidecar_rank)
-        fut = super().write_data(plan, planner)
+        with _zip_crc32_off():
+            fut = super().write_data(plan, planner)
         fut.wait()  # the file writer writes synchronously: raises here if it failed
         sums = {**self.extra, **{n: s for n, s in self.summing_fs.sums.items() if n.endswith(".distcp")}}
         folder = Path(self.path) / CHECKSUMS
@@ -303,8 +327,9 @@ class _TensorHeaderUnpickler(pickle.Unpickler):
 
 
 class _ItemView:
-    """Read-only file view of one item ``[start, start + length)`` of an open file, its first and last
-    4 KiB read once up front: a ``torch.save`` zip keeps its headers there, so parsing one costs two reads."""
+    """Read-only file view of one item ``[start, start + length)`` of an open file. Its first 4 KiB are read
+    up front (a ``torch.save`` zip keeps the tensor's header and the start of its data record there) and its
+    last 4 KiB (the zip's central directory) only if a reader asks for them."""
 
     EDGE = 4096
 
@@ -312,7 +337,13 @@ class _ItemView:
         self.fd, self.start, self.length, self.pos = fd, start, length, 0
         self.head = os.pread(fd, min(length, self.EDGE), start)
         self.tail_at = max(length - self.EDGE, 0)
-        self.tail = os.pread(fd, length - self.tail_at, start + self.tail_at)
+        self._tail: bytes | None = None
+
+    @property
+    def tail(self) -> bytes:
+        if self._tail is None:
+            self._tail = os.pread(self.fd, self.length - self.tail_at, self.start + self.tail_at)
+        return self._tail
 
     def seek(self, offset: int, whence: int = 0) -> int:
         self.pos = offset + (0 if whence == 0 else self.pos if whence == 1 else self.length)
@@ -345,27 +376,71 @@ class _ItemView:
         return True
 
 
-def _raw_tensor_data(item: Any, dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[int, int] | None:
+def _plain_tensor_key(header: Any, dtype: torch.dtype, sizes: tuple[int, ...]) -> str | None:
+    """The storage key of a ``torch.save``'d tensor's unpickled header if it is one plain, dense, row-major
+    tensor of ``dtype`` and ``sizes`` starting at its storage's first element; else None."""
+    storage, offset, size, stride = header
+    _, type_name, key, _, numel = storage
+    if _STORAGE_DTYPES.get(type_name) != dtype or size != sizes or offset != 0 or numel != math.prod(size):
+        return None
+    if not torch.empty_strided(size, stride, device="meta").is_contiguous():
+        return None
+    return str(key)
+
+
+_ZIP_LOCAL = b"PK\x03\x04"
+_ZIP_LOCAL_FIXED = struct.Struct("<4sHHHHHIIIHH")  # signature ... name length, extra length: 30 bytes
+
+
+def _zip_local_headers(buf: bytes, pos: int) -> Iterator[tuple[str, int, int]]:
+    """(name, method, data offset) of each zip local file header found in ``buf`` from ``pos`` on."""
+    while (pos := buf.find(_ZIP_LOCAL, pos)) >= 0 and pos + _ZIP_LOCAL_FIXED.size <= len(buf):
+        _, _, _, method, _, _, _, _, _, nlen, elen = _ZIP_LOCAL_FIXED.unpack_from(buf, pos)
+        name_at = pos + _ZIP_LOCAL_FIXED.size
+        yield buf[name_at : name_at + nlen].decode("utf-8", "replace"), method, name_at + nlen + elen
+        pos = name_at
+
+
+def _raw_tensor_data_from_head(head: bytes, length: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> Any:
+    """Fast path of :func:`_raw_tensor_data`: walk the local headers in the item's first bytes (``torch.save``
+    writes ``data.pkl``, a few small records, then ``data/<key>``, uncompressed) without the central
+    directory at the end, so one read of the head finds the data. None when anything is not as expected."""
+    headers = _zip_local_headers(head, 0)
+    first = next(headers, None)
+    if first is None or not first[0].endswith("/data.pkl") or first[1] != 0:
+        return None
+    prefix = first[0][: -len("data.pkl")]
+    stream = io.BytesIO(head[first[2] :])
+    key = _plain_tensor_key(_TensorHeaderUnpickler(stream).load(), dtype, sizes)
+    if key is None:
+        return None
+    nbytes = math.prod(sizes) * dtype.itemsize
+    for name, method, data_at in _zip_local_headers(head, first[2] + stream.tell()):
+        if name == f"{prefix}byteorder" and not head[data_at:].startswith(b"little"):
+            return None
+        if name == f"{prefix}data/{key}":
+            return (data_at, nbytes) if method == 0 and data_at + nbytes <= length else None
+    return None
+
+
+def _raw_tensor_data(item: _ItemView, dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[int, int] | None:
     """(offset, nbytes) of the raw bytes of a ``torch.save``'d tensor (the file view ``item``) if it is one
     plain, dense, row-major tensor of ``dtype`` and ``sizes`` on a little-endian machine; else None."""
     if sys.byteorder != "little":
         return None
     try:
-        zf: Any = torch._C.PyTorchFileReader(item)
+        fast = _raw_tensor_data_from_head(item.head, item.length, dtype, sizes)
+        if fast is not None:
+            return fast
+        zf: Any = torch._C.PyTorchFileReader(item)  # type: ignore[call-overload]  # the zip's own index, from its central directory
         records = zf.get_all_records()
         data = [r for r in records if r.startswith("data/")]
         if len(data) != 1 or ("byteorder" in records and zf.get_record("byteorder") != b"little"):
             return None
-        storage, offset, size, stride = _TensorHeaderUnpickler(io.BytesIO(zf.get_record("data.pkl"))).load()
-        _, type_name, key, _, numel = storage
-        dense = torch.empty_strided(size, stride, device="meta").is_contiguous()
-        n = math.prod(size)
-        if (
-            f"data/{key}" != data[0] or _STORAGE_DTYPES[type_name] != dtype or size != sizes
-            or offset != 0 or numel != n or not dense
-        ):  # fmt: skip
+        key = _plain_tensor_key(_TensorHeaderUnpickler(io.BytesIO(zf.get_record("data.pkl"))).load(), dtype, sizes)
+        if key is None or f"data/{key}" != data[0]:
             return None
-        return int(zf.get_record_offset(data[0])), n * dtype.itemsize
+        return int(zf.get_record_offset(data[0])), math.prod(sizes) * dtype.itemsize
     except Exception:  # anything unexpected: DCP's own (slower) path decides
         return None
 
@@ -557,6 +632,7 @@ class CheckpointManager:
         self.failures: list[str] = []
         self._t_save = 0.0
         self._stager: Any = None
+        self._plan_key = _new_plan_key()
         self._pg = None
         if dist.is_initialized() and cfg.async_mode != "off":
             # async saves run collectives from a background thread: give them their own gloo group
@@ -579,7 +655,17 @@ class CheckpointManager:
         writer = ChecksummingWriter(tmp, self.rank, step, {_RNG_FILE.format(self.rank): self._write_rng(tmp)})
         fault_point("before_shards", step, self.rank)
         if self.cfg.async_mode == "off":
-            dcp.save(state, storage_writer=writer, process_group=self._pg, no_dist=not dist.is_initialized())
+            try:
+                dcp.save(
+                    state,
+                    storage_writer=writer,
+                    planner=self._save_planner(),
+                    process_group=self._pg,
+                    no_dist=not dist.is_initialized(),
+                )
+            except BaseException:
+                self._plan_key = _new_plan_key()  # every rank saw the failure: every rank plans afresh
+                raise
             fault_point("after_shards", step, self.rank)
             self._commit(step, tmp)
         else:
@@ -589,6 +675,7 @@ class CheckpointManager:
             fut = dcp.async_save(
                 state,
                 storage_writer=writer,
+                planner=self._save_planner(),
                 process_group=self._pg,
                 async_checkpointer_type=kind,
                 async_stager=self._get_stager(),
@@ -608,6 +695,16 @@ class CheckpointManager:
             upload.add_done_callback(on_done)
             self._pending = (step, done)
         self.blocked_s.append(time.perf_counter() - t0)
+
+    def _save_planner(self) -> DefaultSavePlanner:
+        """DCP's planner with plan caching: after the first save, a rank whose plan did not change sends an
+        empty one and the coordinator reuses the cached global plan and metadata (a 216 MB save on 2 ranks:
+        median 290 -> 190 ms here, mostly less waiting in the planning collectives). Structure changes (the
+        optimizer's state appearing after step 0) are detected by DCP, which plans those ranks again. The
+        cache is keyed per manager, and dropped after a failed save."""
+        planner = DefaultSavePlanner(enable_plan_caching=True)
+        planner._cached_plans_key = self._plan_key
+        return planner
 
     def _write_rng(self, tmp: Path) -> tuple[int, int]:
         """Write this rank's RNG state; returns its (size, crc32) for the manifest."""
@@ -665,6 +762,7 @@ class CheckpointManager:
             fault_point("after_shards", step, self.rank)
             self._commit(step, tmp)
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+            self._plan_key = _new_plan_key()  # DCP raised on every rank: every rank plans afresh next time
             msg = f"checkpoint at step {step} failed and was not committed: {_describe_failure(e)}"
             self.failures.append(msg)
             log.error(msg)
