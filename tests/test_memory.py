@@ -205,3 +205,33 @@ def test_run_prints_the_choice(tmp_path: object) -> None:
     assert p.returncode == 0, p.stderr
     assert 'strategy = "fsdp"' in p.stdout and "# strategy fsdp: auto: DDP needs" in p.stdout
     assert JobConfig().parallel.strategy == "auto"
+
+
+def gpt_profile(context: int, attention: str) -> object:
+    model = GPT(GPTConfig(vocab_size=32, n_layers=2, d_model=64, n_heads=4, context=context))
+    sample = (torch.zeros(context, dtype=torch.long), torch.zeros(context, dtype=torch.long))
+    return profile_model(model, sample, micro_batch=2, compute_dtype="bf16", attention=attention)
+
+
+def test_flash_attention_activations_grow_linearly_with_the_context() -> None:
+    # CUDA's fused attention keeps q, k, v, the output and the log-sum-exp: O(T) per head. The meta device's math
+    # path keeps the T x T probabilities. Everything else in a block is linear in T, so flash doubles exactly.
+    flash = {t: gpt_profile(t, "flash").act_by_block for t in (64, 128)}  # type: ignore[attr-defined]
+    math_ = {t: gpt_profile(t, "math").act_by_block for t in (64, 128)}  # type: ignore[attr-defined]
+    assert [2 * a for a in flash[64]] == list(flash[128])
+    assert all(m > 2 * a for m, a in zip(math_[128], math_[64], strict=True))
+    # the difference at T=128 is at least the bf16 probabilities of one block: 2 x 4 heads x 128^2 x 2 bytes
+    assert math_[128][0] - flash[128][0] >= 2 * 4 * 128 * 128 * 2
+
+
+def test_estimate_for_cuda_accounts_flash_attention() -> None:
+    big = ("--model.context", "1024", "--train.micro-batch", "1", "--train.global-batch", "8", "--json")
+    common = ("estimate", "--nproc", "8", "--device-memory", "80GiB", "--precision.dtype", "bf16", *big)
+    cuda = json.loads(disttrain(*common, "--parallel.device", "cuda", timeout=120).stdout)
+    cpu = json.loads(disttrain(*common, "--parallel.device", "cpu", timeout=120).stdout)
+    assert (cuda["attention"], cpu["attention"]) == ("flash", "math")
+    act = {k: v["strategies"]["ddp"]["activations"] for k, v in (("cuda", cuda), ("cpu", cpu))}
+    assert act["cuda"] < act["cpu"] / 2, act
+    if not torch.cuda.is_available():  # planning for GPUs from a machine without one needs their memory size
+        p = disttrain("estimate", "--parallel.device", "cuda", timeout=120)
+        assert p.returncode == 2 and "e.g. --device-memory 80GiB" in p.stderr, p.stderr

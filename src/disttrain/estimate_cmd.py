@@ -16,11 +16,14 @@ from disttrain.memory import (
     COLUMNS,
     Estimate,
     Layout,
+    advice,
     fmt_bytes,
     plan_job,
     render,
     resolve_device_memory,
+    resolved_precision,
     sharded_bytes,
+    target_device,
     with_parallel,
 )
 
@@ -73,14 +76,23 @@ def run_estimate(
     nproc = nproc or cfg.parallel.nproc or default_nproc(device)
     if nproc < 1 or nnodes < 1:
         raise ConfigError(f"--nproc ({nproc}) and --nnodes ({nnodes}) must be >= 1")
+    target = target_device(cfg)
+    if not device_memory and cfg.parallel.device_memory == "auto" and target == "cuda" and device != "cuda":
+        raise ConfigError(
+            "planning for CUDA devices on a machine without one: say how much memory each GPU has, "
+            "e.g. --device-memory 80GiB"
+        )
     mem = (
         parse_bytes(device_memory, "--device-memory")
         if device_memory
-        else resolve_device_memory(cfg.parallel.device_memory, device, nproc)
+        else resolve_device_memory(cfg.parallel.device_memory, target, nproc)
     )
     est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom))
     out: dict[str, Any] = est.to_json()
     text = render(est)
+    if not any(est.fits.values()):
+        out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
+        text += f"\nto fit: {out['advice']}"
     if measure:
         if nnodes != 1:
             raise ConfigError("--measure runs on this machine only; drop --nnodes (or set it to 1)")

@@ -24,6 +24,7 @@ The total is the sum, an upper bound: gradients and activations overlap only par
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -82,6 +83,9 @@ class ModelProfile:
     largest_act: int
     micro_batch: int
     compute_dtype: str
+    attention: str = "math"
+    """How ``scaled_dot_product_attention`` was accounted: ``math`` (saves the T x T probabilities, as
+    CPU and the meta device do) or ``flash`` (saves q, k, v, the output and the log-sum-exp: CUDA)."""
 
     @property
     def n_params(self) -> int:
@@ -122,11 +126,14 @@ def profile_model(
     compute_dtype: str = "fp32",
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     shard_modules: str = "auto",
+    attention: str = "math",
 ) -> ModelProfile:
     """Profile ``model`` (on any device, or meta) for one micro-batch of ``sample`` = one dataset item.
 
     The forward runs through ``torch.func.functional_call`` with meta stand-ins for every parameter and
-    buffer: nothing is allocated or computed, and the model itself is not touched.
+    buffer: nothing is allocated or computed, and the model itself is not touched. ``attention="flash"``
+    accounts ``F.scaled_dot_product_attention`` as CUDA's flash / memory-efficient kernels run it (O(T)
+    saved per head) instead of the math path the meta device takes (the T x T probabilities).
     """
     from torch.func import functional_call
 
@@ -170,8 +177,9 @@ def profile_model(
     handles = [h for i, b in enumerate(blocks) for h in (b.register_forward_pre_hook(enter(i)),
                b.register_forward_hook(leave))]  # fmt: skip
     x, y = _batch(sample[0], micro_batch), _batch(sample[1], micro_batch)
+    kernels = _FlashAttentionSaves() if attention == "flash" else contextlib.nullcontext()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), kernels:
             out = functional_call(model, stand_ins, (x,))
             (loss_fn or cross_entropy)(out, y)
     except Exception as e:  # a model whose forward cannot run on meta tensors
@@ -192,7 +200,42 @@ def profile_model(
             other += nbytes
     largest = max((b for b, _ in saved.values()), default=0)
     return ModelProfile(params, len(blocks), tuple(by_block), other, tuple(block_in), largest, micro_batch,
-                        compute_dtype)  # fmt: skip
+                        compute_dtype, attention)  # fmt: skip
+
+
+class _FlashSaves(torch.autograd.Function):
+    """Meta stand-in for a fused attention kernel: the output's shape, and what its backward keeps."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # the log-sum-exp per query row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:  # pragma: no cover - the profile never runs backward
+        raise NotImplementedError
+
+
+class _FlashAttentionSaves(torch.overrides.TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to :class:`_FlashSaves` while profiling for CUDA. A mask
+    given as a tensor is an input the graph already holds, so it adds nothing here either."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            q, k, v = (args[i] if i < len(args) else kwargs[n] for i, n in enumerate(("query", "key", "value")))
+            return _FlashSaves.apply(q, k, v)
+        return func(*args, **kwargs)
+
+
+def target_device(cfg: JobConfig) -> str:
+    """The device type the plan is for: ``parallel.device`` when set, else CUDA if this machine has it. A laptop
+    planning for GPUs says ``--parallel.device cuda``."""
+    if cfg.parallel.device != "auto":
+        return cfg.parallel.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # -- the plan ---------------------------------------------------------------------------------------------
@@ -255,6 +298,7 @@ class Estimate:
         return {
             "layout": dataclasses.asdict(self.layout) | {"world": self.layout.world, "budget": self.layout.budget},
             "n_params": self.profile.n_params,
+            "attention": self.profile.attention,
             "activation_checkpointing": self.ac,
             "activations_alt": {"activation_checkpointing": self.ac_alt, "bytes": self.activations_alt},
             "strategies": {
@@ -408,6 +452,7 @@ def render(est: Estimate) -> str:
     out = [
         f"memory plan per rank: {est.profile.n_params / 1e6:,.1f}M parameters, {lay.nproc} rank(s) x "
         f"{lay.nnodes} node(s), micro-batch {est.profile.micro_batch}, {est.profile.compute_dtype} compute, "
+        f"{est.profile.attention} attention, "
         f"device memory {fmt_bytes(lay.device_memory)} - {lay.headroom:.0%} headroom",
         _line(head, widths),
         line,
@@ -448,7 +493,8 @@ def resolved_precision(cfg: JobConfig, device_type: str | None = None) -> JobCon
 
 def plan_job(cfg: JobConfig, layout: Layout) -> Estimate:
     """Build the configured model on the meta device, profile it, and estimate every strategy."""
-    cfg = resolved_precision(cfg)
+    device = target_device(cfg)
+    cfg = resolved_precision(cfg, device)
     from disttrain.job import build_data, build_model
 
     train, _, text = build_data(cfg)
@@ -460,6 +506,7 @@ def plan_job(cfg: JobConfig, layout: Layout) -> Estimate:
         micro_batch=cfg.train.micro_batch,
         compute_dtype=cfg.precision.dtype,
         shard_modules=cfg.parallel.shard_modules,
+        attention="flash" if device == "cuda" else "math",
     )
     return estimate(prof, cfg, layout)
 
@@ -518,6 +565,7 @@ def auto_strategy(
         prof = profile_model(
             model, sample, micro_batch=cfg.train.micro_batch, compute_dtype=cfg.precision.dtype,
             loss_fn=loss_fn, shard_modules=cfg.parallel.shard_modules,
+            attention="flash" if device_type == "cuda" else "math",
         )  # fmt: skip
     except ConfigError as e:
         return resolve_strategy("auto", world), f"auto without a memory plan ({e})"
