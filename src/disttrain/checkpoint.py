@@ -139,6 +139,147 @@ _SYNC_FILE_RANGE_WRITE = 2
 WRITEBACK_CHUNK = 16 << 20
 
 
+DIRECT_ALIGN = 4096  # O_DIRECT wants offsets, lengths and buffer addresses aligned to the logical block
+DIRECT_CHUNK = 8 << 20
+_direct_buffers: list[Any] = []  # free aligned buffers (anonymous mmaps), reused by every save
+_direct_lock = threading.Lock()
+
+
+def _open_direct(path: str | os.PathLike[str]) -> int | None:
+    """A new file opened for writing with ``O_DIRECT``, or None where the OS / file system has none (tmpfs)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return None
+        raise
+
+
+class _DirectFile:
+    """Write-only file on an ``O_DIRECT`` descriptor. Bytes are gathered in aligned buffers (anonymous mmaps
+    from a pool every save reuses); each full buffer is written by a helper thread with ``pwrite`` while the
+    caller fills the other one, so serialization and the disk overlap as they do with the page cache. The
+    unaligned tail is written padded at :meth:`close`, then the file is cut to its real size and fsynced.
+
+    Why: a buffered write first fills page-cache pages, and on this VM pages the guest has not touched lately
+    cost ~3x more than the disk write itself (108 MB to a new file: 340 ms buffered, 70 ms direct)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.bufs = [_take_buffer(), _take_buffer()]
+        self.views = [memoryview(b) for b in self.bufs]
+        self.pending: list[Future[None] | None] = [None, None]
+        self.cur = 0  # the buffer being filled
+        self.fill = 0
+        self.size = 0  # bytes written by the caller
+        self.offset = 0  # file offset of the buffer being filled
+
+    def write(self, b: Any) -> int:
+        src = memoryview(b).cast("B")
+        n, pos = src.nbytes, 0
+        while pos < n:
+            take = min(n - pos, DIRECT_CHUNK - self.fill)
+            self.views[self.cur][self.fill : self.fill + take] = src[pos : pos + take]
+            self.fill += take
+            pos += take
+            if self.fill == DIRECT_CHUNK:
+                self._hand_off()
+        self.size += n
+        return n
+
+    def _hand_off(self) -> None:
+        """Write the full current buffer in the background; wait until the other one is free to fill."""
+        self.pending[self.cur] = _direct_writer().submit(_pwrite_all, self.fd, self.views[self.cur], self.offset)
+        self.offset += DIRECT_CHUNK
+        self.cur, self.fill = 1 - self.cur, 0
+        self._wait(self.cur)
+
+    def _wait(self, i: int) -> None:
+        fut, self.pending[i] = self.pending[i], None
+        if fut is not None:
+            fut.result()  # raises the write's OSError here
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        """Nothing: a partial block cannot be written directly; :meth:`close` writes it."""
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Wait for the background writes, write the tail, cut the padding, fsync, close."""
+        if self.fd < 0:
+            return
+        try:
+            self._wait(1 - self.cur)
+            if self.fill:
+                padded = -(-self.fill // DIRECT_ALIGN) * DIRECT_ALIGN
+                self.views[self.cur][self.fill : padded] = bytes(padded - self.fill)
+                _pwrite_all(self.fd, self.views[self.cur][:padded], self.offset)
+                os.ftruncate(self.fd, self.size)
+            os.fsync(self.fd)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if self.fd < 0:
+            return
+        for fut in self.pending:  # never close the descriptor under a write in flight
+            if fut is not None:
+                with contextlib.suppress(Exception):
+                    fut.result()
+        os.close(self.fd)
+        self.fd = -1
+        for v in self.views:
+            v.release()
+        with _direct_lock:
+            _direct_buffers.extend(self.bufs)
+
+
+def _take_buffer() -> Any:
+    import mmap
+
+    with _direct_lock:
+        return _direct_buffers.pop() if _direct_buffers else mmap.mmap(-1, DIRECT_CHUNK)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+_direct_pool: list[Any] = []
+
+
+def _forget_direct_io_state() -> None:  # a forked child has neither the helper thread nor a lock holder
+    global _direct_lock
+    _direct_lock = threading.Lock()
+    _direct_pool.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_direct_io_state)
+
+
+def _direct_writer() -> Any:
+    """The one helper thread that issues the direct writes (created on first use, in each process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _direct_lock:
+        if not _direct_pool:
+            _direct_pool.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-direct-io"))
+        return _direct_pool[0]
+
+
 class _CrcStream:
     """A write stream that CRC32s (and counts) every byte on its way to the file: no second read later.
 
@@ -146,10 +287,11 @@ class _CrcStream:
     (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait): the disk then works while the rest
     is serialized, instead of all of it waiting for the final fsync."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, kick: bool = True) -> None:
         self.raw = raw
         self.crc = 0
         self.size = 0
+        self._kick = kick and _SYNC_FILE_RANGE is not None
         self._kicked = 0  # bytes handed to writeback so far
 
     def write(self, b: Any) -> int:
@@ -157,7 +299,7 @@ class _CrcStream:
         self.crc = zlib.crc32(view, self.crc)
         self.size += view.nbytes
         n = int(self.raw.write(view))
-        if _SYNC_FILE_RANGE is not None and self.size - self._kicked >= WRITEBACK_CHUNK:
+        if self._kick and self.size - self._kicked >= WRITEBACK_CHUNK:
             with contextlib.suppress(AttributeError, OSError, ValueError):  # not a plain file: no hint
                 self.raw.flush()
                 fd = self.raw.fileno()
@@ -179,12 +321,24 @@ class _CrcStream:
 class _ChecksummingFileSystem(FileSystem):
     """DCP's local file system; files opened for writing are checksummed as they are written."""
 
-    def __init__(self) -> None:
+    def __init__(self, direct_io: bool = True) -> None:
         super().__init__()
         self.sums: dict[str, tuple[int, int]] = {}  # file name -> (size, crc32), once closed without error
+        self.direct_io = direct_io
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        fd = _open_direct(path) if self.direct_io and "w" in mode and str(path).endswith(".distcp") else None
+        if fd is not None:  # shard files: straight to the disk
+            raw = _DirectFile(fd)
+            try:
+                summed = _CrcStream(raw, kick=False)
+                yield summed
+                raw.close()
+            finally:
+                raw.abort()
+            self.sums[Path(path).name] = (summed.size, summed.crc)
+            return
         with super().create_stream(path, mode) as stream:
             if "w" not in mode:
                 yield stream
@@ -220,9 +374,11 @@ class ChecksummingWriter(FileSystemWriter):
     rank wrote (plus ``extra`` files it wrote itself), computed while writing. Rank 0 merges the sidecars
     into the manifest at commit instead of reading every rank's files back."""
 
-    def __init__(self, path: Path, rank: int, step: int, extra: dict[str, tuple[int, int]]) -> None:
+    def __init__(
+        self, path: Path, rank: int, step: int, extra: dict[str, tuple[int, int]], direct_io: bool = True
+    ) -> None:
         super().__init__(path)
-        self.summing_fs = _ChecksummingFileSystem()
+        self.summing_fs = _ChecksummingFileSystem(direct_io)
         self.fs = self.summing_fs
         self.sidecar_rank = rank
         self.step = step
@@ -652,7 +808,8 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         self._barrier()
-        writer = ChecksummingWriter(tmp, self.rank, step, {_RNG_FILE.format(self.rank): self._write_rng(tmp)})
+        rng = {_RNG_FILE.format(self.rank): self._write_rng(tmp)}
+        writer = ChecksummingWriter(tmp, self.rank, step, rng, direct_io=self.cfg.direct_io)
         fault_point("before_shards", step, self.rank)
         if self.cfg.async_mode == "off":
             try:

@@ -279,6 +279,9 @@ class CheckpointConfig:
     """At the end: a full checkpoint, the model weights alone (export_dtype), or nothing."""
     export_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     """dtype of the model_only final save."""
+    direct_io: bool = True
+    """Write shard files with O_DIRECT where the file system takes it (Linux; else buffered): no page cache
+    filled and then flushed, 1.5-4.5x faster saves here (benchmarks/bench_checkpoint.py)."""
     resume: str = "auto"
     """auto (newest complete checkpoint), never, a step number, or a checkpoint path."""
     create_seed: bool = False
