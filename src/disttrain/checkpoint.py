@@ -371,12 +371,11 @@ def _zip_crc32_off() -> Iterator[None]:
 
 class ChecksummingWriter(FileSystemWriter):
     """DCP's file writer that also leaves ``.checksums/rank<r>.json``: size and CRC32 of every shard file this
-    rank wrote (plus ``extra`` files it wrote itself), computed while writing. Rank 0 merges the sidecars
+    rank wrote (plus the ``extra`` small files, name -> bytes, that it writes first: the rank's RNG state, so
+    that an async save writes it in the background too), computed while writing. Rank 0 merges the sidecars
     into the manifest at commit instead of reading every rank's files back."""
 
-    def __init__(
-        self, path: Path, rank: int, step: int, extra: dict[str, tuple[int, int]], direct_io: bool = True
-    ) -> None:
+    def __init__(self, path: Path, rank: int, step: int, extra: dict[str, bytes], direct_io: bool = True) -> None:
         super().__init__(path)
         self.summing_fs = _ChecksummingFileSystem(direct_io)
         self.fs = self.summing_fs
@@ -389,12 +388,28 @@ class ChecksummingWriter(FileSystemWriter):
         with _zip_crc32_off():
             fut = super().write_data(plan, planner)
         fut.wait()  # the file writer writes synchronously: raises here if it failed
-        sums = {**self.extra, **{n: s for n, s in self.summing_fs.sums.items() if n.endswith(".distcp")}}
+        sums = {name: _write_small(Path(self.path) / name, data) for name, data in self.extra.items()}
+        sums.update({n: s for n, s in self.summing_fs.sums.items() if n.endswith(".distcp")})
         folder = Path(self.path) / CHECKSUMS
         folder.mkdir(exist_ok=True)
         body = {name: {"size": size, "crc32": crc} for name, (size, crc) in sums.items()}
         (folder / f"rank{self.sidecar_rank}.json").write_text(json.dumps(body))
         return fut
+
+
+def _write_small(path: Path, data: bytes) -> tuple[int, int]:
+    """Write a small file of a save in progress (a rank's RNG state); returns its (size, crc32)."""
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        # Its data pages now; its size reaches the journal with the commit's fsyncs. A plain fsync here
+        # costs ~0.3 s on ext4: it forces a journal commit that waits for the other ranks' writes.
+        if _SYNC_FILE_RANGE is None:
+            os.fsync(f.fileno())
+        else:
+            _SYNC_FILE_RANGE(f.fileno(), 0, len(data), 7)  # WAIT_BEFORE | WRITE | WAIT_AFTER
+    return len(data), zlib.crc32(data)
 
 
 def _collect_checksums(tmp: Path) -> dict[str, tuple[int, int]]:
@@ -808,8 +823,11 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         self._barrier()
-        rng = {_RNG_FILE.format(self.rank): self._write_rng(tmp)}
-        writer = ChecksummingWriter(tmp, self.rank, step, rng, direct_io=self.cfg.direct_io)
+        rng = io.BytesIO()
+        torch.save(rng_state(), rng)  # taken now; the writer writes it (in the background when async)
+        writer = ChecksummingWriter(
+            tmp, self.rank, step, {_RNG_FILE.format(self.rank): rng.getvalue()}, direct_io=self.cfg.direct_io
+        )
         fault_point("before_shards", step, self.rank)
         if self.cfg.async_mode == "off":
             try:
@@ -862,24 +880,6 @@ class CheckpointManager:
         planner = DefaultSavePlanner(enable_plan_caching=True)
         planner._cached_plans_key = self._plan_key
         return planner
-
-    def _write_rng(self, tmp: Path) -> tuple[int, int]:
-        """Write this rank's RNG state; returns its (size, crc32) for the manifest."""
-        buf = io.BytesIO()
-        torch.save(rng_state(), buf)
-        data = buf.getvalue()
-        path = tmp / _RNG_FILE.format(self.rank)
-        path.parent.mkdir(exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-            f.flush()
-            # Its data pages now; its size reaches the journal with the commit's fsyncs. A plain fsync here
-            # costs ~0.3 s on ext4: it forces a journal commit that waits for the other ranks' writes.
-            if _SYNC_FILE_RANGE is None:
-                os.fsync(f.fileno())
-            else:
-                _SYNC_FILE_RANGE(f.fileno(), 0, len(data), 7)  # WAIT_BEFORE | WRITE | WAIT_AFTER
-        return len(data), zlib.crc32(data)
 
     def _get_stager(self) -> Any:
         """One stager for the job: its CPU buffers are reused by every save (0.20 -> 0.12 of a sync save's time,
