@@ -375,3 +375,35 @@ def test_direct_io_shard_files_hold_exactly_what_was_written(tmp_path: Path) -> 
         f.write(data[: DIRECT_CHUNK + 5])
         raise RuntimeError("serializer failed")
     assert "__1_0.distcp" not in fs.sums  # a failed file is never counted as written
+
+
+def test_direct_io_falls_back_to_buffered_when_the_file_system_refuses_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Some file systems open with O_DIRECT and then want another alignment (EINVAL): the file goes on buffered.
+    import errno
+    import fcntl
+    import zlib
+
+    import disttrain.checkpoint as ck
+
+    probe = ck._open_direct(tmp_path / "probe.distcp")
+    if probe is None:
+        pytest.skip("this file system takes no O_DIRECT")
+    os.close(probe)
+    real_pwrite, refused = os.pwrite, []
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(ck.os, "pwrite", pwrite)
+    data = os.urandom(ck.DIRECT_CHUNK + 1000)
+    fs = ck._ChecksummingFileSystem(direct_io=True)
+    with fs.create_stream(tmp_path / "__0_0.distcp", "wb") as f:
+        f.write(data)
+    assert refused == [0]  # refused once, then buffered
+    assert (tmp_path / "__0_0.distcp").read_bytes() == data
+    assert fs.sums["__0_0.distcp"] == (len(data), zlib.crc32(data))

@@ -254,7 +254,15 @@ def _take_buffer() -> Any:
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     done = 0
     while done < view.nbytes:
-        done += os.pwrite(fd, view[done:], offset + done)
+        try:
+            done += os.pwrite(fd, view[done:], offset + done)
+        except OSError as e:  # a file system that opened O_DIRECT but wants another alignment: go buffered
+            import fcntl
+
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            if e.errno != errno.EINVAL or not flags & os.O_DIRECT:
+                raise
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
 
 
 _direct_pool: list[Any] = []
