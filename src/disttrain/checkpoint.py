@@ -265,13 +265,13 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
             fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
 
 
-_direct_pool: list[Any] = []
+_direct_executor: Any = None  # the one helper thread that issues direct writes, per process
 
 
 def _forget_direct_io_state() -> None:  # a forked child has neither the helper thread nor a lock holder
-    global _direct_lock
+    global _direct_lock, _direct_executor
     _direct_lock = threading.Lock()
-    _direct_pool.clear()
+    _direct_executor = None
 
 
 if hasattr(os, "register_at_fork"):
@@ -279,13 +279,14 @@ if hasattr(os, "register_at_fork"):
 
 
 def _direct_writer() -> Any:
-    """The one helper thread that issues the direct writes (created on first use, in each process)."""
+    """The helper thread that issues the direct writes (created on first use, in each process)."""
+    global _direct_executor
     from concurrent.futures import ThreadPoolExecutor
 
     with _direct_lock:
-        if not _direct_pool:
-            _direct_pool.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-direct-io"))
-        return _direct_pool[0]
+        if _direct_executor is None:
+            _direct_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-direct-io")
+        return _direct_executor
 
 
 class _CrcStream:

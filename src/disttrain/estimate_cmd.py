@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-
 from disttrain.config import ConfigError, JobConfig, parse_bytes
 from disttrain.memory import (
     COLUMNS,
@@ -18,6 +16,7 @@ from disttrain.memory import (
     Layout,
     advice,
     fmt_bytes,
+    local_device,
     plan_job,
     render,
     resolve_device_memory,
@@ -72,7 +71,7 @@ def run_estimate(
     """``disttrain estimate``: print the plan (and, with ``measure``, predicted vs measured)."""
     from disttrain.launch import check_nproc, default_nproc
 
-    device = "cuda" if cfg.parallel.device != "cpu" and torch.cuda.is_available() else "cpu"
+    device = local_device(cfg)
     nproc = nproc or cfg.parallel.nproc or default_nproc(device)
     if nproc < 1 or nnodes < 1:
         raise ConfigError(f"--nproc ({nproc}) and --nnodes ({nnodes}) must be >= 1")

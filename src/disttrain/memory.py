@@ -230,6 +230,16 @@ class _FlashAttentionSaves(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def local_device(cfg: JobConfig) -> str:
+    """The device type a job configured so runs on here: CUDA unless ``parallel.device`` is cpu or there is none."""
+    return "cuda" if cfg.parallel.device != "cpu" and torch.cuda.is_available() else "cpu"
+
+
+def attention_for(device_type: str) -> str:
+    """How the profile accounts fused attention on ``device_type`` (see :func:`profile_model`)."""
+    return "flash" if device_type == "cuda" else "math"
+
+
 def target_device(cfg: JobConfig) -> str:
     """The device type the plan is for: ``parallel.device`` when set, else CUDA if this machine has it. A laptop
     planning for GPUs says ``--parallel.device cuda``."""
@@ -487,7 +497,7 @@ def resolved_precision(cfg: JobConfig, device_type: str | None = None) -> JobCon
 
     if cfg.precision.dtype != "auto":
         return cfg
-    device_type = device_type or ("cuda" if cfg.parallel.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device_type = device_type or local_device(cfg)
     return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device_type))
 
 
@@ -506,7 +516,7 @@ def plan_job(cfg: JobConfig, layout: Layout) -> Estimate:
         micro_batch=cfg.train.micro_batch,
         compute_dtype=cfg.precision.dtype,
         shard_modules=cfg.parallel.shard_modules,
-        attention="flash" if device == "cuda" else "math",
+        attention=attention_for(device),
     )
     return estimate(prof, cfg, layout)
 
@@ -552,7 +562,7 @@ def auto_strategy(
     """
     from disttrain.dist.strategy import resolve_strategy
 
-    device_type = "cuda" if cfg.parallel.device != "cpu" and torch.cuda.is_available() else "cpu"
+    device_type = local_device(cfg)
     local = max(1, min(local, world))
     layout = Layout(
         local,
@@ -565,7 +575,7 @@ def auto_strategy(
         prof = profile_model(
             model, sample, micro_batch=cfg.train.micro_batch, compute_dtype=cfg.precision.dtype,
             loss_fn=loss_fn, shard_modules=cfg.parallel.shard_modules,
-            attention="flash" if device_type == "cuda" else "math",
+            attention=attention_for(device_type),
         )  # fmt: skip
     except ConfigError as e:
         return resolve_strategy("auto", world), f"auto without a memory plan ({e})"
