@@ -100,6 +100,18 @@ class SavedBytes:
         self._ctx.__exit__(*exc)
 
 
+def _trim_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``), so that what the next strategy
+    allocates shows in the RSS instead of reusing what the previous one freed (a tiny model's tensors are all
+    below the mmap threshold: without this its RSS peak could read 0)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
+
+
 class RssPeak:
     """Peak resident set size of this process, sampled every millisecond in a thread."""
 
@@ -159,6 +171,7 @@ def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2) ->
     train, _, text = build_data(cfg)
     vocab = text.tokenizer.vocab_size if text else getattr(train, "vocab_size", None)
     gc.collect()
+    _trim_heap()
     cuda = env.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
