@@ -122,6 +122,9 @@ class TrainConfig:
     """Skip the optimizer step when the loss or grad norm is NaN/Inf (and count it)."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms(True): slower, for bitwise reproducibility checks."""
+    gc_interval: int = 50
+    """Python's garbage collector: frozen after set-up and run every N steps on every rank at once, instead of
+    full collections (~100 ms each here) at random moments on one rank while the others wait (0 = Python's own)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")
@@ -133,6 +136,10 @@ class TrainConfig:
         _check(self.eval_interval >= 0, f"train.eval_interval must be >= 0, got {self.eval_interval}")
         _check(self.eval_batches >= 1, f"train.eval_batches must be >= 1, got {self.eval_batches}")
         _check(self.generate_chars >= 0, f"train.generate_chars must be >= 0, got {self.generate_chars}")
+        _check(
+            self.gc_interval >= 0,
+            f"train.gc_interval must be >= 0 (0 = Python's automatic garbage collection), got {self.gc_interval}",
+        )
 
 
 @dataclasses.dataclass

@@ -34,6 +34,7 @@ from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
 from disttrain.health import HealthError, HealthMonitor, StepGuard, log_event, restart_event, set_collective_timeout
 from disttrain.train import metrics as M
+from disttrain.train.gc_control import GarbageCollection
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -279,6 +280,11 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> FitResult:
+        """Train to ``train.steps`` (resuming first if a checkpoint says so); the collector runs on schedule."""
+        with GarbageCollection(self.cfg.train.gc_interval) as collector:
+            return self._fit(collector)
+
+    def _fit(self, collector: GarbageCollection) -> FitResult:
         cfg, env = self.cfg, self.env
         resumed = self.resume()
         res = FitResult(start_step=self.step)
@@ -305,6 +311,7 @@ class Trainer:
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss, gnorm, finite = self.train_step()
                 dt = time.perf_counter() - t0
+                collector.step(self.step)
                 self.health.step_done(self.step, dt)
                 if len(res.losses) == 0:  # past the start-up: collectives get the configured timeout
                     set_collective_timeout(cfg.parallel.timeout_s)
