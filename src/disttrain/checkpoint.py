@@ -826,7 +826,8 @@ class _DeferredStager(DefaultStager):
                 fut.set_exception(e)
 
         assert self._staging_executor is not None  # use_async_staging is on
-        self._staging_future = self._staging_executor.submit(copy)
+        self._staging_executor.submit(copy)
+        self._staging_future = fut
 
 
 class CheckpointManager:
