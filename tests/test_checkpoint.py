@@ -107,6 +107,21 @@ def test_a_failing_background_save_is_reported_and_training_goes_on(tmp_path: Pa
         )
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_load_failing_on_one_rank_stops_every_rank_naming_it(tmp_path: Path, small_text: Path) -> None:
+    # Ranks plan and read a checkpoint on their own: a read error on rank 1 alone must still stop both ranks
+    # with one clear error (no hang of rank 0 in the first training collective, no torch traceback).
+    args = tiny_args(small_text, tmp_path, "r")
+    assert disttrain(*args, cwd=tmp_path).returncode == 0
+    proc = disttrain(*args, "--train.steps", "16", cwd=tmp_path, env={"DISTTRAIN_FAULT": "read_error:12:1"})
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "disttrain: error:" in err and "step-00000012: loading failed (rank 1: " in err, err[-3000:]
+    assert "injected I/O error" in err and "rank 0:" not in err and "Traceback" not in err, err[-3000:]
+    assert max(losses_by_step(tmp_path / "r")) == 12  # nothing trained after the failed load
+
+
 # -- resharding: 4-rank FSDP -> 2-rank FSDP, 1 process, 2-rank DDP; DDP -> FSDP -------------------------
 @pytest.fixture(scope="module")
 def reshard(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, Any]:

@@ -1085,6 +1085,7 @@ class CheckpointManager:
         self.wait()
         error: str | None = None
         try:
+            fault_error("read_error", info.step, self.rank)
             # paused GC: DCP's plans are thousands of small objects, no full collection in the middle
             with paused_gc(), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)  # no_dist: meant
