@@ -403,6 +403,8 @@ def part_steps(args: argparse.Namespace, text: Any, env: Any, root: Path) -> dic
     placement); a variant's block sets ``trainer.checkpoint`` to the manager or to None, and each
     block's ``fit()`` runs ``block`` more steps.
     """
+    from disttrain.train.gc_control import GarbageCollection
+
     world = env.world_size
     cfg = config(args, world, False, {"async_mode": "thread", "interval": args.interval})
     trainer = make_trainer(cfg, text, env, root / "steps")
@@ -437,14 +439,17 @@ def part_steps(args: argparse.Namespace, text: Any, env: Any, root: Path) -> dic
     block = args.interval * args.saves_per_block
     # Untimed: half an interval, then a warm-up block of one interval per variant (the first save in it),
     # so every timed block starts half-way between two saves and holds saves_per_block of them.
-    run(False)(args.interval // 2)
-    times = C.interleave(
-        {"no checkpoint": run(False), f"async thread every {args.interval}": run(True)},
-        steps_per_block=block,
-        rounds=args.step_rounds,
-        warmup=args.interval,
-        before_block=dist.barrier,
-    )
+    # One job-wide GC context, as one fit() of a real job has: each block's fit() then only runs the
+    # scheduled collections, not the entry collection of everything (~100 ms) per block.
+    with GarbageCollection(cfg.train.gc_interval):
+        run(False)(args.interval // 2)
+        times = C.interleave(
+            {"no checkpoint": run(False), f"async thread every {args.interval}": run(True)},
+            steps_per_block=block,
+            rounds=args.step_rounds,
+            warmup=args.interval,
+            before_block=dist.barrier,
+        )
     del manager.close  # the real close(), once
     manager.close()
     return {

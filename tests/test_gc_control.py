@@ -57,6 +57,18 @@ def test_collects_on_the_interval_and_restores(full_collections: list[Any]) -> N
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_only_the_outermost_context_owns_the_collector(full_collections: list[Any]) -> None:
+    with GarbageCollection(5):
+        frozen = gc.get_freeze_count()
+        full_collections.clear()
+        for _ in range(2):  # e.g. fit() called block by block inside one job-wide context
+            with GarbageCollection(5) as inner:
+                inner.step(5)
+            assert not gc.isenabled() and gc.get_freeze_count() >= frozen
+        assert len(full_collections) == 2  # the scheduled ones, no entry collection per block
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 def test_interval_zero_leaves_python_in_charge() -> None:
     with GarbageCollection(0) as collector:
         assert gc.isenabled() and gc.get_freeze_count() == 0

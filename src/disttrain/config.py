@@ -124,7 +124,7 @@ class TrainConfig:
     """torch.use_deterministic_algorithms(True): slower, for bitwise reproducibility checks."""
     gc_interval: int = 50
     """Python's garbage collector: frozen after set-up and run every N steps on every rank at once, instead of
-    full collections (~100 ms each here) at random moments on one rank while the others wait (0 = Python's own)."""
+    full collections (~90 ms each here) at random moments on one rank while the others wait (0 = Python's own)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")
