@@ -5,6 +5,8 @@ skipped, then rolled back; a slow rank is named a straggler; `doctor` says what 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from disttrain import checkpoint, doctor, health
 from disttrain.checkpoint import CheckpointManager
 from disttrain.config import ConfigError, HealthConfig, from_dict
 from disttrain.data.text import load_text_data
-from disttrain.health import HealthError, HealthMonitor, StepGuard, debug_env
+from disttrain.health import HealthError, HealthMonitor, StepGuard, Terminated, debug_env, raise_on_sigterm
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.trainer import Trainer
 
@@ -238,3 +240,16 @@ def test_anomaly_preset_turns_on_autograd_anomaly_detection(tmp_path: Path, smal
         assert torch.is_anomaly_enabled()
     finally:
         torch.autograd.set_detect_anomaly(False)
+
+
+def test_sigterm_becomes_an_exception_the_rank_can_note() -> None:
+    # torchrun stops the surviving ranks with SIGTERM: each must leave a note (record_exit), not vanish like
+    # the rank that really failed
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        raise_on_sigterm()
+        with pytest.raises(Terminated, match="stopped by the launcher"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at the next bytecode, long before this ends
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -47,6 +48,22 @@ SLOW_PHASES = frozenset({"init", "eval", "checkpoint", "rollback"})
 
 class HealthError(RuntimeError):
     """Training stopped on purpose (bad steps); the message says why and what to change."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: torchrun stops the other workers this way when one fails (or the job was cancelled).
+    A BaseException, so that no ``except Exception`` on the way swallows it."""
+
+
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` in the main thread, so that a rank torchrun stops notes why it
+    left (:func:`record_exit`) instead of vanishing like the SIGKILLed rank: the restart log then names the
+    rank that really failed first, not every rank that left no record."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated("SIGTERM: stopped by the launcher (another rank failed, or the job was cancelled)")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def attempt() -> int:

@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from disttrain.data.text import TextData, load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
 from disttrain.dist.mesh import SHARDED
 from disttrain.dist.strategy import resolve_strategy
-from disttrain.health import HealthError, record_exit
+from disttrain.health import HealthError, Terminated, raise_on_sigterm, record_exit
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.trainer import Trainer
 
@@ -115,6 +116,7 @@ def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.
 
 def main(run_dir: str | Path) -> int:
     run_dir = Path(run_dir)
+    raise_on_sigterm()
     cfg = load_toml(run_dir / "config.toml")
     # long collective timeout for the start-up; the Trainer sets parallel.timeout_s after the first step
     env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
@@ -189,6 +191,9 @@ def main(run_dir: str | Path) -> int:
         if env.is_main:
             print(f"disttrain: stopped: {e}", file=sys.stderr, flush=True)
         return 3
+    except Terminated as e:  # torchrun stopping this rank because another one failed: a note, no traceback
+        record_exit(run_dir, env.rank, str(e))
+        return 128 + signal.SIGTERM
     except BaseException as e:  # noted for the restart log, then torchrun sees the failure
         record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
         raise
