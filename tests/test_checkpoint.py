@@ -422,3 +422,30 @@ def test_direct_io_falls_back_to_buffered_when_the_file_system_refuses_a_write(
     assert refused == [0]  # refused once, then buffered
     assert (tmp_path / "__0_0.distcp").read_bytes() == data
     assert fs.sums["__0_0.distcp"] == (len(data), zlib.crc32(data))
+
+
+def test_background_threads_get_the_configured_niceness_never_the_main_thread() -> None:
+    import threading
+
+    from disttrain.checkpoint import _lower_this_thread
+
+    seen: dict[str, int] = {}
+
+    def worker() -> None:
+        _lower_this_thread(7)
+        seen["worker"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    _lower_this_thread(7)  # from the main thread (a sync save): ignored
+    assert seen["worker"] == max(7, main_before)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
+
+
+def test_background_nice_out_of_range_is_a_config_error() -> None:
+    from disttrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"checkpoint.background_nice must be a niceness from 0 to 19, got 25"):
+        CheckpointConfig(background_nice=25)

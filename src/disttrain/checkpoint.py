@@ -248,6 +248,16 @@ class _DirectFile:
             _direct_buffers.extend(self.bufs)
 
 
+def _lower_this_thread(nice: int) -> None:
+    """Give the calling background thread niceness ``nice`` (Linux sets it per thread), so that it runs
+    when the training threads leave the core; never the main thread (a sync save writes from it)."""
+    if nice <= 0 or threading.current_thread() is threading.main_thread() or not hasattr(os, "setpriority"):
+        return
+    with contextlib.suppress(OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+
+
 def _take_buffer() -> Any:
     import mmap
 
@@ -388,8 +398,11 @@ class ChecksummingWriter(FileSystemWriter):
     that an async save writes it in the background too), computed while writing. Rank 0 merges the sidecars
     into the manifest at commit instead of reading every rank's files back."""
 
-    def __init__(self, path: Path, rank: int, step: int, extra: dict[str, bytes], direct_io: bool = True) -> None:
+    def __init__(
+        self, path: Path, rank: int, step: int, extra: dict[str, bytes], direct_io: bool = True, nice: int = 0
+    ) -> None:
         super().__init__(path)
+        self.nice = nice
         self.summing_fs = _ChecksummingFileSystem(direct_io)
         self.fs = self.summing_fs
         self.sidecar_rank = rank
@@ -399,7 +412,9 @@ class ChecksummingWriter(FileSystemWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """The coordinator removes what a crashed attempt at this step left in the folder. Safe without a
         barrier: every rank creates the folder next (``prepare_local_plan``, the coordinator after this), and
-        no rank writes a file before the planning collective that the coordinator joins after both."""
+        no rank writes a file before the planning collective that the coordinator joins after both. An async
+        save's upload thread (which also commits) gets ``nice`` here."""
+        _lower_this_thread(self.nice)
         if is_coordinator and Path(self.path).exists():
             shutil.rmtree(self.path)
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
@@ -853,8 +868,9 @@ class _DeferredStager(DefaultStager):
     ``save()`` blocked the loop 15-30 ms here instead of ~10. ``stage`` hands DCP a future that the copy
     thread completes."""
 
-    def __init__(self, config: StagingOptions) -> None:
+    def __init__(self, config: StagingOptions, nice: int = 0) -> None:
         super().__init__(config)
+        self.nice = nice
         if not config.use_pinned_memory:
             self._state_dict_stager = _BatchedCopyStager(config.use_shared_memory)
         self._deferred: tuple[Any, dict[str, Any], Future[Any]] | None = None
@@ -872,6 +888,7 @@ class _DeferredStager(DefaultStager):
         self._deferred = None
 
         def copy() -> None:
+            _lower_this_thread(self.nice)
             try:
                 fut.set_result(self._stage(state_dict, **kwargs))
             except BaseException as e:  # the save's upload thread reports it
@@ -931,7 +948,12 @@ class CheckpointManager:
         rng = io.BytesIO()
         torch.save(rng_state(), rng)  # taken now; the writer writes it (in the background when async)
         writer = ChecksummingWriter(
-            tmp, self.rank, step, {_RNG_FILE.format(self.rank): rng.getvalue()}, direct_io=self.cfg.direct_io
+            tmp,
+            self.rank,
+            step,
+            {_RNG_FILE.format(self.rank): rng.getvalue()},
+            direct_io=self.cfg.direct_io,
+            nice=self.cfg.background_nice,
         )
         fault_point("before_shards", step, self.rank)
         if self.cfg.async_mode == "off":
@@ -997,7 +1019,8 @@ class CheckpointManager:
         Pinned memory and a non-blocking copy where CUDA is."""
         if self._stager is None:
             cuda = torch.cuda.is_available()
-            self._stager = _DeferredStager(StagingOptions(cuda, self.cfg.async_mode == "process", True, cuda))
+            options = StagingOptions(cuda, self.cfg.async_mode == "process", True, cuda)
+            self._stager = _DeferredStager(options, self.cfg.background_nice)
         return self._stager
 
     def wait_for_staging(self) -> None:
@@ -1075,7 +1098,12 @@ class CheckpointManager:
     def _purge_in_background(self) -> None:
         if self._purger is not None:
             self._purger.join()
-        self._purger = threading.Thread(target=self.purge, name="disttrain-ckpt-purge", daemon=True)
+
+        def purge() -> None:
+            _lower_this_thread(self.cfg.background_nice)
+            self.purge()
+
+        self._purger = threading.Thread(target=purge, name="disttrain-ckpt-purge", daemon=True)
         self._purger.start()
 
     def purge(self) -> list[Path]:

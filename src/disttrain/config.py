@@ -289,6 +289,9 @@ class CheckpointConfig:
     direct_io: bool = True
     """Write shard files with O_DIRECT where the file system takes it (Linux; else buffered): no page cache
     filled and then flushed; saves went from 0.33 to 0.82-0.93 of a plain write here (bench_checkpoint.py)."""
+    background_nice: int = 10
+    """Niceness of the background save threads (copy, write, commit, purge; Linux, per thread): they run
+    when training does not need the core (0 = the same priority as training)."""
     resume: str = "auto"
     """auto (newest complete checkpoint), never, a step number, or a checkpoint path."""
     create_seed: bool = False
@@ -304,6 +307,10 @@ class CheckpointConfig:
         _check(
             self.resume in ("auto", "never") or self.resume.isdigit() or "/" in self.resume,
             f"checkpoint.resume must be auto, never, a step number or a path, got {self.resume!r}",
+        )
+        _check(
+            0 <= self.background_nice <= 19,
+            f"checkpoint.background_nice must be a niceness from 0 to 19, got {self.background_nice}",
         )
 
 
