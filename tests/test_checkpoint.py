@@ -8,11 +8,13 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 from torch.testing import assert_close
 
 from disttrain.checkpoint import CheckpointManager, ModelOptimState, inspect_folder, list_checkpoints
@@ -343,7 +345,7 @@ def test_tensor_data_is_found_from_the_zip_head_alone(tensor: torch.Tensor) -> N
     # directory: the same offset the zip's own index gives, and the same bytes.
     import io
 
-    from disttrain.checkpoint import _raw_tensor_data_from_head
+    from disttrain.ckpt_read import _raw_tensor_data_from_head
 
     buf = io.BytesIO()
     torch.save(tensor, buf)
@@ -361,13 +363,85 @@ def test_tensor_data_is_found_from_the_zip_head_alone(tensor: torch.Tensor) -> N
     assert _raw_tensor_data_from_head(view.getvalue(), len(view.getvalue()), torch.float32, (8,)) is None
 
 
+_RECORD_CASES = {
+    "fp32-2d": torch.randn(64, 32),
+    "bf16": torch.randn(7).bfloat16(),
+    "scalar": torch.tensor(3.0),
+    "int8-16-bytes": torch.randn(4, 4).to(torch.int8),  # as long as a zip record name: found by address, not size
+    "transposed": torch.randn(5, 4).t(),
+    "bool": torch.rand(9) > 0.5,
+    "large": torch.randn(300_000),  # > 1 MB: written in one piece, never copied into the template
+}
+
+
+@pytest.mark.parametrize("name", list(_RECORD_CASES))
+def test_tensor_records_are_the_bytes_torch_save_writes(name: str) -> None:
+    # Shard files hold each tensor as a torch.save zip. write_tensor_record writes it from a cached head and tail
+    # around the raw data (no pickling): the bytes must be exactly torch.save's, for this tensor and for another
+    # of the same layout that reuses the template, and plain torch.load(weights_only=True) must read them back.
+    import io
+
+    from disttrain.ckpt_write import _zip_crc32_off, write_tensor_record
+
+    tensor = _RECORD_CASES[name]
+    other = torch.empty_like(tensor).copy_(tensor.flip(0) if tensor.dim() else tensor + 1)
+    with _zip_crc32_off():
+        for t in (tensor, other):
+            ours, theirs = io.BytesIO(), io.BytesIO()
+            assert write_tensor_record(ours, t)
+            torch.save(t, theirs)
+            assert ours.getvalue() == theirs.getvalue()
+            ours.seek(0)
+            assert torch.equal(torch.load(ours, weights_only=True), t)
+
+
+def test_tensor_records_leave_unusual_tensors_to_torch_save() -> None:
+    import io
+
+    from disttrain.ckpt_write import _zip_crc32_off, write_tensor_record
+
+    unusual = [torch.zeros(0), torch.ones(3, requires_grad=True), torch.arange(10.0)[2:5], nn.Parameter(torch.ones(2))]
+    with _zip_crc32_off():
+        for t in unusual:
+            buf = io.BytesIO()
+            assert not write_tensor_record(buf, t)
+            assert buf.tell() == 0
+    buf = io.BytesIO()  # with the zip CRC on, records would carry a checksum of the data: torch.save's job
+    assert not write_tensor_record(buf, torch.ones(3))
+
+
+def test_shard_files_are_byte_identical_to_dcps_own_writer(tmp_path: Path) -> None:
+    # The whole shard file, written through our writer (O_DIRECT where the file system has it, records without
+    # pickling), equals what DCP's stock FileSystemWriter writes for the same state, and DCP's stock reader loads it.
+    import torch.distributed.checkpoint as dcp
+
+    from disttrain.ckpt_write import ChecksummingWriter, _zip_crc32_off
+
+    state: dict[str, Any] = {f"t{i}": t for i, t in enumerate(_RECORD_CASES.values())}
+    state |= {"empty": torch.zeros(0, 3), "slice": torch.arange(10.0)[2:5], "extra": {"epoch": 3, "names": ["a"]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "no process group: assuming a single process"
+        with _zip_crc32_off():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / "stock"), no_dist=True)
+        dcp.save(state, storage_writer=ChecksummingWriter(tmp_path / "ours", 0, 1, {}), no_dist=True)
+        shards = sorted(p.name for p in (tmp_path / "stock").glob("*.distcp"))
+        assert shards and shards == sorted(p.name for p in (tmp_path / "ours").glob("*.distcp"))
+        for shard in shards:
+            assert (tmp_path / "ours" / shard).read_bytes() == (tmp_path / "stock" / shard).read_bytes()
+        back: dict[str, Any] = {k: torch.zeros_like(v) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        back["extra"] = {"epoch": None, "names": None}  # DCP loads into the keys it is given
+        dcp.load(back, storage_reader=dcp.FileSystemReader(tmp_path / "ours"), no_dist=True)
+    assert all(torch.equal(back[k], v) for k, v in state.items() if isinstance(v, torch.Tensor))
+    assert back["extra"] == state["extra"]
+
+
 def test_direct_io_shard_files_hold_exactly_what_was_written(tmp_path: Path) -> None:
     # Shard files bypass the page cache (O_DIRECT, aligned buffers written by a helper thread while the next
     # fills): odd-sized writes across several buffers must land byte for byte, with the size and CRC32 recorded.
     import random
     import zlib
 
-    from disttrain.checkpoint import DIRECT_CHUNK, _ChecksummingFileSystem, _open_direct
+    from disttrain.ckpt_write import DIRECT_CHUNK, _ChecksummingFileSystem, _open_direct
 
     probe = _open_direct(tmp_path / "probe.distcp")
     if probe is None:
@@ -400,7 +474,7 @@ def test_direct_io_falls_back_to_buffered_when_the_file_system_refuses_a_write(
     import fcntl
     import zlib
 
-    import disttrain.checkpoint as ck
+    import disttrain.ckpt_write as ck
 
     probe = ck._open_direct(tmp_path / "probe.distcp")
     if probe is None:
@@ -427,7 +501,7 @@ def test_direct_io_falls_back_to_buffered_when_the_file_system_refuses_a_write(
 def test_background_threads_get_the_configured_niceness_never_the_main_thread() -> None:
     import threading
 
-    from disttrain.checkpoint import _lower_this_thread
+    from disttrain.ckpt_write import _lower_this_thread
 
     seen: dict[str, int] = {}
 

@@ -34,14 +34,12 @@ from disttrain.checkpoint import (
     STEP_RE,
     CheckpointError,
     CheckpointInfo,
-    SafeFileSystemReader,
-    WeightsOnlyBytes,
     crc32_file,
     inspect_folder,
     list_checkpoints,
-    read_metadata_safely,
     write_weights,
 )
+from disttrain.ckpt_read import SafeFileSystemReader, WeightsOnlyBytes, read_metadata_safely
 from disttrain.config import DTYPES, ConfigError
 
 MODEL_PREFIX = ("app", "model")  # the Trainer saves {"app": ModelOptimState, "train": ...}

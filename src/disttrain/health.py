@@ -33,8 +33,8 @@ from typing import IO, Any
 
 import torch.distributed as dist
 
-from disttrain.checkpoint import fault_matches
 from disttrain.config import HealthConfig
+from disttrain.faults import fault_matches
 
 log = logging.getLogger("disttrain")
 HANG_EXIT_CODE = 124

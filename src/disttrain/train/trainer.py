@@ -26,12 +26,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
-from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model, fault_point
+from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model
 from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches
 from disttrain.dist.env import DistEnv, init_distributed, resolve_precision, seed_everything
 from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
+from disttrain.faults import fault_point
 from disttrain.health import HealthError, HealthMonitor, StepGuard, log_event, restart_event, set_collective_timeout
 from disttrain.train import metrics as M
 from disttrain.train.gc_control import GarbageCollection
