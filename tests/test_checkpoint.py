@@ -200,6 +200,41 @@ def make_checkpoints(folder: Path, steps: list[int], keep: int = 2) -> tuple[Che
     return mgr, model
 
 
+def test_model_optim_state_equals_get_state_dict_across_saves_and_replaced_parameters() -> None:
+    # ModelOptimState keeps get_state_dict's analysis of the model between saves; it must give what
+    # get_state_dict gives, also after a parameter object is replaced (in the model and the optimizer).
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def check(ours: dict[str, Any]) -> None:
+        msd, osd = get_state_dict(model, opt)
+        assert ours["model"].keys() == msd.keys() and all(torch.equal(ours["model"][k], msd[k]) for k in msd)
+        assert ours["optim"]["state"].keys() == osd["state"].keys()
+        for fqn, st in osd["state"].items():
+            assert all(torch.equal(ours["optim"]["state"][fqn][k], v) for k, v in st.items())
+        assert ours["optim"]["param_groups"] == osd["param_groups"]
+
+    state = ModelOptimState(model, opt)
+    step()
+    check(state.state_dict())
+    step()
+    check(state.state_dict())  # from the kept analysis
+    new_weight = nn.Parameter(model[2].weight.detach() * 2)
+    old_weight, model[2].weight = model[2].weight, new_weight
+    opt.param_groups[0]["params"][2] = new_weight
+    opt.state[new_weight] = opt.state.pop(old_weight)
+    step()
+    check(state.state_dict())  # made again for the new parameter
+
+
 def test_every_save_holds_its_own_state_while_the_save_plan_is_cached(tmp_path: Path) -> None:
     # The manager reuses DCP's cached save plan after the first save: each checkpoint must still hold the state
     # of its own step, including when the state's structure changes (no Adam moments at step 0, an extra entry).

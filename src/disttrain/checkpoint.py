@@ -19,6 +19,7 @@ import contextlib
 import io
 import json
 import logging
+import operator
 import os
 import re
 import shutil
@@ -36,13 +37,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import state_dict as _dsd
 from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_state_dict,
     set_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
@@ -68,14 +69,35 @@ class ModelOptimState(Stateful):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model = model
         self.optimizer = optimizer
+        self._info: tuple[tuple[torch.Tensor, ...], Any] | None = None  # (tensors it was made for, info)
 
     def state_dict(self) -> dict[str, Any]:
         if self.optimizer is None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
             return {"model": get_model_state_dict(self.model)}
-        msd, osd = get_state_dict(self.model, self.optimizer)
+        # get_state_dict(model, optimizer), with its analysis of the model kept between saves
+        info = self._state_dict_info(self.optimizer)
+        msd = _dsd._get_model_state_dict(self.model, info)
+        osd = _dsd._get_optim_state_dict(self.model, (self.optimizer,), info)
+        _dsd._verify_state_dict(msd, osd, info)
         return {"model": msd, "optim": osd}
+
+    def _state_dict_info(self, optimizer: torch.optim.Optimizer) -> Any:
+        """What ``get_state_dict`` first works out from the model (every parameter's and buffer's FQN, shared
+        parameters, FSDP modules: ~3 ms of the ~8 ms a call takes on the training thread for 250 tensors here),
+        made again only when the model's or the optimizer's tensors are not the same objects as last time."""
+        tensors = (
+            *self.model.parameters(),
+            *self.model.buffers(),
+            *(p for group in optimizer.param_groups for p in group["params"]),
+        )
+        cached = self._info
+        if cached is not None and len(tensors) == len(cached[0]) and all(map(operator.is_, tensors, cached[0])):
+            return cached[1]
+        info = _dsd._verify_options(self.model, (optimizer,), optim_only=False)
+        self._info = (tensors, info)
+        return info
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.optimizer is None or "optim" not in state_dict:

@@ -305,6 +305,7 @@ def _zip_crc32_off() -> Iterator[None]:
 
 _RecordKey = tuple[Any, ...]
 _record_templates: dict[_RecordKey, tuple[bytes, bytes] | None] = {}  # tensor layout -> (head, tail) or None
+_MAX_TEMPLATES = 4096  # ~2 KB each
 
 
 def _record_key(tensor: torch.Tensor) -> _RecordKey | None:
@@ -390,6 +391,8 @@ def write_tensor_record(stream: Any, tensor: torch.Tensor) -> bool:
     if key is None or sys.byteorder != "little" or not _records_are_data_independent():
         return False
     if key not in _record_templates:
+        if len(_record_templates) >= _MAX_TEMPLATES:  # a process saving many different models: start over
+            _record_templates.clear()
         _record_templates[key] = _record_template(tensor)
     template = _record_templates[key]
     if template is None:
