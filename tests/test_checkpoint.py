@@ -111,6 +111,22 @@ def test_a_failing_background_save_is_reported_and_training_goes_on(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_a_dead_background_save_process_is_replaced_at_the_next_save(tmp_path: Path, small_text: Path) -> None:
+    # async_mode=process: rank 0's DCP save process is SIGKILLed just before the save at step 8. That save fails on
+    # both ranks (rank 1's save process loses its peer); training goes on, and the save at step 12 starts new save
+    # processes on every rank and commits.
+    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", "process", "--checkpoint.keep-latest", "5")
+    proc = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": "kill_save_process:8:0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint at step 8 failed and was not committed" in proc.stdout, proc.stdout[-3000:]
+    assert "the next save starts a new background save process" in proc.stdout
+    assert sorted(losses_by_step(tmp_path / "r")) == list(range(1, 13))
+    infos = list_checkpoints(tmp_path / "r" / "checkpoints", checksums=True)
+    assert [i.step for i in infos if i.usable] == [4, 12], [(i.path.name, i.problem) for i in infos]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_a_load_failing_on_one_rank_stops_every_rank_naming_it(tmp_path: Path, small_text: Path) -> None:
     # Ranks plan and read a checkpoint on their own: a read error on rank 1 alone must still stop both ranks
     # with one clear error (no hang of rank 0 in the first training collective, no torch traceback).

@@ -23,6 +23,7 @@ import operator
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -51,7 +52,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from disttrain.ckpt_read import CheckpointError, SafeFileSystemReader, SafeLoadPlanner, read_metadata_safely
 from disttrain.ckpt_write import CHECKSUMS, ChecksummingWriter, _bytes_of, _lower_this_thread
 from disttrain.config import DTYPES, CheckpointConfig
-from disttrain.faults import fault_error, fault_point
+from disttrain.faults import fault_error, fault_matches, fault_point
 from disttrain.train.gc_control import paused_gc
 
 log = logging.getLogger("disttrain")
@@ -307,6 +308,7 @@ class CheckpointManager:
         self.blocked_s: list[float] = []  # training-thread time spent in save() per save
         self.staging_wait_s: list[float] = []  # per async save: time wait_for_staging() blocked the loop
         self.failures: list[str] = []
+        self._restart_process = False  # a process-mode save failed: the next one starts a new save process
         self._t_save = 0.0
         self._stager: _DeferredStager | None = None
         self._plan_key = _new_plan_key()
@@ -358,6 +360,8 @@ class CheckpointManager:
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
             kind = AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
+            if kind == AsyncCheckpointerType.PROCESS:
+                self._prepare_save_process(step)
             stager = self._get_stager()
             try:
                 fut = dcp.async_save(
@@ -384,6 +388,17 @@ class CheckpointManager:
 
             upload.add_done_callback(on_done)
             self._pending = (step, done)
+
+    def _prepare_save_process(self, step: int) -> None:
+        """After a failed process-mode save, stop this rank's DCP save process (dead, or alive with a process
+        group whose peer died) so that this save starts a new one. Every rank does so at the same save: a
+        failed DCP save fails on every rank (its collectives carry any rank's error to all)."""
+        if self._restart_process:
+            self._restart_process = False
+            log.warning("checkpoint: starting a new background save process after the failed save")
+            _stop_checkpoint_process()
+        if fault_matches("kill_save_process", step, self.rank):  # tests: the save process dies
+            _kill_checkpoint_process()
 
     def _save_planner(self) -> DefaultSavePlanner:
         """DCP's planner with plan caching: after the first save, a rank whose plan did not change sends an
@@ -434,6 +449,9 @@ class CheckpointManager:
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             self._plan_key = _new_plan_key()  # DCP raised on every rank: every rank plans afresh next time
             msg = f"checkpoint at step {step} failed and was not committed: {_describe_failure(e)}"
+            if self.cfg.async_mode == "process":
+                self._restart_process = True
+                msg += " (the next save starts a new background save process)"
             self.failures.append(msg)
             log.error(msg)
             if self.rank == 0:
@@ -603,6 +621,16 @@ def _stop_checkpoint_process() -> None:
         with contextlib.suppress(Exception):
             proc.__del__()
         ape._CHECKPOINT_PROCESS = None
+
+
+def _kill_checkpoint_process() -> None:
+    """SIGKILL DCP's background save process of this rank, if there is one (fault injection)."""
+    from torch.distributed.checkpoint import _async_process_executor as ape
+
+    proc = getattr(ape, "_CHECKPOINT_PROCESS", None)
+    if proc is not None:
+        os.kill(proc._save_process.pid, signal.SIGKILL)
+        proc._save_process.join()
 
 
 def rng_state() -> dict[str, torch.Tensor]:

@@ -12,7 +12,8 @@ _FIRED: set[str] = set()
 def fault_matches(name: str, step: int, rank: int, once: bool = False) -> bool:
     """Does DISTTRAIN_FAULT (comma-separated '<point>:<step>:<rank>' specs) name this point? First attempt
     only (a job restarted by torchrun then runs through); with ``once``, each spec fires once per process.
-    Points: checkpoint/step points SIGKILL (:func:`fault_point`); hang, slow, nan: see disttrain.health."""
+    Points: checkpoint/step points SIGKILL (:func:`fault_point`); kill_save_process SIGKILLs DCP's background
+    save process (process-mode saves); hang, slow, nan: see disttrain.health."""
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return False
     spec = f"{name}:{step}:{rank}"
