@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from disttrain import checkpoint, doctor, health
+from disttrain import doctor, faults, health
 from disttrain.checkpoint import CheckpointManager
 from disttrain.config import ConfigError, HealthConfig, from_dict
 from disttrain.data.text import load_text_data
@@ -108,7 +108,7 @@ def make_trainer(small_text: Path, tmp: Path, steps: int, **health: Any) -> Trai
 def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
     tmp_path: Path, small_text: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkpoint, "_FIRED", set())
+    monkeypatch.setattr(faults, "_FIRED", set())
     # one NaN at step 2 (skipped, training goes on); three in a row at 7-9 (rolled back to step 6)
     monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:7:0,nan:8:0,nan:9:0")
     trainer = make_trainer(small_text, tmp_path, 12, max_bad_steps=3, rollback_lr_factor=0.5)
@@ -128,7 +128,7 @@ def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
 def test_bad_steps_can_stop_the_run_with_a_message(
     tmp_path: Path, small_text: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkpoint, "_FIRED", set())
+    monkeypatch.setattr(faults, "_FIRED", set())
     monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:3:0")
     trainer = make_trainer(small_text, tmp_path, 6, max_bad_steps=2, on_bad_steps="stop")
     with pytest.raises(HealthError, match=r"2 bad steps in a row .* up to step 3; health.on_bad_steps is stop"):
