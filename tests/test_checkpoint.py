@@ -251,6 +251,37 @@ def test_model_optim_state_equals_get_state_dict_across_saves_and_replaced_param
     check(state.state_dict())  # made again for the new parameter
 
 
+def test_staging_copies_the_state_into_reused_buffers_sharing_what_the_source_shares() -> None:
+    # The async save's copy of the state: equal values, never aliasing the live tensors, views of one storage
+    # staying views of one staged storage, containers and leaves kept, the same buffers reused by the next save.
+    import io
+
+    from disttrain.checkpoint import _BatchedCopyStager
+
+    base = torch.arange(12.0)
+    state: dict[str, Any] = {
+        "w": torch.randn(4, 3),
+        "t": torch.randn(3, 5).t(),
+        "view_a": base[2:6],
+        "view_b": base.view(3, 4),
+        "groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w", "t"], "dtype": torch.bfloat16}],
+        "blob": io.BytesIO(b"rng"),  # anything else: DCP's own deep copy
+    }
+    stager = _BatchedCopyStager(share_memory=False)
+    staged = stager.stage(state)
+    for key in ("w", "t", "view_a", "view_b"):
+        assert torch.equal(staged[key], state[key]) and staged[key].stride() == state[key].stride()
+        assert staged[key].untyped_storage().data_ptr() != state[key].untyped_storage().data_ptr()
+    assert staged["view_a"].untyped_storage().data_ptr() == staged["view_b"].untyped_storage().data_ptr()
+    assert staged["groups"] == state["groups"] and staged["groups"] is not state["groups"]
+    assert type(staged["groups"][0]["betas"]) is tuple
+    assert staged["blob"].getvalue() == b"rng" and staged["blob"] is not state["blob"]
+    state["w"].add_(1.0)
+    again = stager.stage(state)
+    assert torch.equal(again["w"], state["w"])
+    assert again["w"].untyped_storage().data_ptr() == staged["w"].untyped_storage().data_ptr()  # buffers reused
+
+
 def test_every_save_holds_its_own_state_while_the_save_plan_is_cached(tmp_path: Path) -> None:
     # The manager reuses DCP's cached save plan after the first save: each checkpoint must still hold the state
     # of its own step, including when the state's structure changes (no Adam moments at step 0, an extra entry).

@@ -212,6 +212,9 @@ def list_checkpoints(folder: Path, checksums: bool = False) -> list[CheckpointIn
 
 
 # -- the manager ------------------------------------------------------------------------------------
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size})
+
+
 class _BatchedCopyStager(StateDictStager):
     """DCP's state-dict stager (a deep copy whose tensors land in cached CPU storages, reused every save),
     except that the copies of CPU storages are gathered during the walk and done in one
@@ -227,12 +230,35 @@ class _BatchedCopyStager(StateDictStager):
     def stage(self, state_dict: Any, non_blocking: bool = False) -> Any:
         self._pairs = []
         try:
-            staged = super().stage(state_dict, non_blocking)
+            with torch.no_grad():
+                staged = self._copy(state_dict, {}, non_blocking)
             if self._pairs:
                 torch._foreach_copy_([_bytes_of(d) for d, _ in self._pairs], [_bytes_of(s) for _, s in self._pairs])
         finally:
             self._pairs = []
         return staged
+
+    def _copy(self, x: Any, memo: dict[int, Any], non_blocking: bool) -> Any:
+        """The deep copy, with the common cases done here in a few steps each: dicts, lists and tuples,
+        immutable leaves, and plain CPU tensors (a view of the staged storage); anything else goes through
+        DCP's generic copy (which enters a no_grad context and consults a dispatch table per object: 18 ms
+        for the 850 tensors of a 216 MB state here vs ~5 ms this way), sharing the same memo."""
+        cls = type(x)
+        if cls is dict:
+            return {k: self._copy(v, memo, non_blocking) for k, v in x.items()}
+        if cls is list:
+            return [self._copy(v, memo, non_blocking) for v in x]
+        if cls is tuple:
+            return tuple(self._copy(v, memo, non_blocking) for v in x)
+        if cls in _IMMUTABLE:
+            return x
+        if cls is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided and not x.__dict__:
+            storage = x.untyped_storage()
+            staged = memo.get(id(storage))
+            if staged is None:
+                staged = memo[id(storage)] = self._stage_untyped_storage(storage, non_blocking)
+            return torch.empty(0, dtype=x.dtype).set_(staged, x.storage_offset(), x.size(), x.stride())
+        return self.deepcopy_with_tensor_offload(x, memo, non_blocking=non_blocking)
 
     def _stage_untyped_storage(self, storage: Any, non_blocking: bool = False) -> Any:
         if storage.device.type != "cpu":
