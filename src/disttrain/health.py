@@ -95,7 +95,7 @@ def record_exit(run_dir: Path | None, rank: int, reason: str) -> None:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         state = {"attempt": attempt(), "rank": rank}
-    if state.get("attempt") == attempt():
+    if state.get("attempt") == attempt() and not state.get("exit"):  # the first reason is the root cause
         path.write_text(json.dumps({**state, "exit": reason}))
 
 
@@ -372,7 +372,7 @@ class HealthMonitor:
         except Exception:
             if not final:
                 raise
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.verdict is None:  # after a hang verdict: keep its exit record
             if final:
                 beat["exit"] = "finished"
             (health_dir(self.run_dir) / f"attempt{attempt()}-rank{self.rank}.json").write_text(json.dumps(beat))
