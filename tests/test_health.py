@@ -73,8 +73,11 @@ def test_a_hang_on_the_first_attempt_restarts_and_resumes(tmp_path: Path, small_
     extra = ["--health.hang-timeout-s", "3", "--checkpoint.interval", "4", "--max-restarts", "1"]
     proc = disttrain(*tiny_run(small_text, tmp_path, "r", 8, *extra), env={"DISTTRAIN_FAULT": "hang:6:1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from" in proc.stdout and "step-00000004" in proc.stdout
-    assert "restart 1: previous attempt ended by hang: rank 1" in proc.stdout
+    assert "resumed from" in proc.stdout and "step-00000004" in proc.stdout, proc.stdout[-3000:]
+    assert "restart 1: previous attempt ended by hang: rank 1" in proc.stdout, (
+        proc.stdout[-3000:],
+        proc.stderr[-3000:],
+    )
     kinds = [(e["event"], e["attempt"]) for e in events(tmp_path / "r")]
     assert kinds == [("hang", 0), ("restart", 1)], events(tmp_path / "r")
     restart = events(tmp_path / "r")[1]
