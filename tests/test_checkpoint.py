@@ -88,19 +88,26 @@ def test_crash_during_a_save_leaves_the_previous_checkpoint(
     assert "resumed from" in again.stdout and "step-00000004" in again.stdout
 
 
+def run_with_failed_save_at_8(tmp_path: Path, small_text: Path, mode: str, fault: str) -> tuple[str, list[Any]]:
+    """A 12-step job saving every 4 steps whose save at step 8 fails (``fault``): it must report that save, train
+    to the end, and leave steps 4 and 12 as the usable checkpoints. Returns its stdout and the checkpoints."""
+    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", mode, "--checkpoint.keep-latest", "5")
+    proc = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": fault})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint at step 8 failed and was not committed" in proc.stdout, proc.stdout[-3000:]
+    assert sorted(losses_by_step(tmp_path / "r")) == list(range(1, 13))  # training ran to the end
+    infos = list_checkpoints(tmp_path / "r" / "checkpoints", checksums=True)
+    assert [i.step for i in infos if i.usable] == [4, 12], [(i.path.name, i.problem) for i in infos]
+    return proc.stdout, infos
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_failing_background_save_is_reported_and_training_goes_on(tmp_path: Path, small_text: Path) -> None:
     # rank 1's shard write at step 8 raises an I/O error (a disk error, not a dead peer) in the background
-    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", "thread", "--checkpoint.keep-latest", "5")
-    proc = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": "write_error:8:1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "checkpoint at step 8 failed and was not committed" in proc.stdout, proc.stdout[-3000:]
-    assert "injected I/O error" in proc.stdout
-    assert sorted(losses_by_step(tmp_path / "r")) == list(range(1, 13))  # training ran to the end
+    stdout, infos = run_with_failed_save_at_8(tmp_path, small_text, "thread", "write_error:8:1")
+    assert "injected I/O error" in stdout
     folder = tmp_path / "r" / "checkpoints"
-    infos = list_checkpoints(folder, checksums=True)
-    assert [i.step for i in infos if i.usable] == [4, 12], [(i.path.name, i.problem) for i in infos]
     assert not (folder / "step-00000008").exists()  # never renamed, never marked complete
     for info in infos:  # the ranks' checksum sidecars were merged into the manifest and removed
         assert not (info.path / ".checksums").exists()
@@ -115,14 +122,8 @@ def test_a_dead_background_save_process_is_replaced_at_the_next_save(tmp_path: P
     # async_mode=process: rank 0's DCP save process is SIGKILLed just before the save at step 8. That save fails on
     # both ranks (rank 1's save process loses its peer); training goes on, and the save at step 12 starts new save
     # processes on every rank and commits.
-    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", "process", "--checkpoint.keep-latest", "5")
-    proc = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": "kill_save_process:8:0"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "checkpoint at step 8 failed and was not committed" in proc.stdout, proc.stdout[-3000:]
-    assert "the next save starts a new background save process" in proc.stdout
-    assert sorted(losses_by_step(tmp_path / "r")) == list(range(1, 13))
-    infos = list_checkpoints(tmp_path / "r" / "checkpoints", checksums=True)
-    assert [i.step for i in infos if i.usable] == [4, 12], [(i.path.name, i.problem) for i in infos]
+    stdout, _ = run_with_failed_save_at_8(tmp_path, small_text, "process", "kill_save_process:8:0")
+    assert "the next save starts a new background save process" in stdout
 
 
 @pytest.mark.slow
