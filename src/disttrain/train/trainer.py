@@ -155,7 +155,7 @@ class Trainer:
             model, cfg.parallel, cfg.precision, dims=self.dims, device=self.env.device
         )
         self.optimizer = build_optimizer(self.model.module, cfg)
-        self._app_state: ModelOptimState | None = None
+        self._app_state = ModelOptimState(self.model.module, self.optimizer)  # one for the job: it keeps a cache
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.val = (
             eval_batches(val_data, self.plan.micro_batch, cfg.train.eval_batches, dp_rank, self.dims.dp_size)
@@ -259,10 +259,7 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Everything an exact resume needs, as DCP Stateful objects."""
-        app = self._app_state
-        if app is None or app.model is not self.model.module or app.optimizer is not self.optimizer:
-            app = self._app_state = ModelOptimState(self.model.module, self.optimizer)  # kept: see its cache
-        return {"app": app, "train": _LoopState(self)}
+        return {"app": self._app_state, "train": _LoopState(self)}
 
     def resume(self) -> CheckpointInfo | None:
         """Load the checkpoint ``checkpoint.resume`` names (auto: the newest complete one), if any."""
