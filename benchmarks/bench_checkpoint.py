@@ -138,9 +138,9 @@ def config(args: argparse.Namespace, world: int, big: bool, ckpt: dict[str, Any]
 
 
 def make_trainer(cfg: Any, text: Any, env: Any, ckpt_folder: Path | None = None) -> Any:
+    from disttrain.build import build_model
     from disttrain.checkpoint import CheckpointManager
-    from disttrain.dist.strategy import resolve_strategy
-    from disttrain.job import build_model
+    from disttrain.dist.mesh import resolve_strategy
     from disttrain.train.trainer import Trainer
 
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
@@ -403,7 +403,7 @@ def part_steps(args: argparse.Namespace, text: Any, env: Any, root: Path) -> dic
     placement); a variant's block sets ``trainer.checkpoint`` to the manager or to None, and each
     block's ``fit()`` runs ``block`` more steps.
     """
-    from disttrain.train.gc_control import GarbageCollection
+    from disttrain.utils.gc import GarbageCollection
 
     world = env.world_size
     cfg = config(args, world, False, {"async_mode": "thread", "interval": args.interval})

@@ -1,4 +1,4 @@
-"""What the garbage-collector control (``train.gc_interval``, ``disttrain.train.gc_control``) costs and saves.
+"""What the garbage-collector control (``train.gc_interval``, ``disttrain.utils.gc``) costs and saves.
 
 One launch of 2 ranks (gloo, one thread each) trains a small GPT (2 blocks, width 128, context 256,
 micro-batch 8, DDP) with the real ``Trainer.fit()``. Two parts:
@@ -62,9 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def make_trainer(args: argparse.Namespace, env: Any) -> Any:
     """The Trainer of a small DDP GPT on the bundled text, as a job builds it."""
+    from disttrain.build import build_model
     from disttrain.config import from_dict
     from disttrain.data.text import load_text_data
-    from disttrain.job import build_model
     from disttrain.train.trainer import Trainer
 
     text = load_text_data(None, args.context, 0.1)

@@ -1,4 +1,4 @@
-"""The memory planner (``disttrain.memory``) held to account: predicted vs measured, DeepSpeed's ZeRO
+"""The memory planner (``disttrain.plan.estimate``) held to account: predicted vs measured, DeepSpeed's ZeRO
 formulas at 7B / 70B, and the throughput of HSDP vs FSDP vs DDP.
 
 Three parts, each selectable with ``--parts`` (default: all three):
@@ -9,7 +9,7 @@ Three parts, each selectable with ``--parts`` (default: all three):
   4; HSDP as 2 replicas x 2 shards at 4, compared with a plan for 2 ranks x 2 nodes, whose HSDP column
   shards within a node). Micro-batch 4, one micro-step, ``--dtype`` fp32 by default (the figures are
   bytes, so the dtype only changes the speed: bf16 is quick only with AMX). Measured by
-  ``disttrain.memory_measure.measure``, one launch per strategy: exact storage accounting after an
+  ``disttrain.plan.measure.measure``, one launch per strategy: exact storage accounting after an
   optimizer step for params / grads / optimizer, saved-tensor hooks for activations, and the process RSS
   peak above the RSS before the model was built for the total (``MALLOC_MMAP_THRESHOLD_=65536``, so freed
   tensors leave the RSS). ``--one-launch`` runs every strategy in one launch instead (quicker), but then
@@ -97,7 +97,7 @@ def measure_worker(args: argparse.Namespace) -> None:
     import gc
 
     from disttrain.dist.env import init_distributed
-    from disttrain.memory_measure import measure_strategy
+    from disttrain.plan.measure import measure_strategy
 
     env = init_distributed("cpu", threads=1)
     out = {}
@@ -115,9 +115,9 @@ def largest_rank(ranks: list[dict[str, Any]], s: str) -> dict[str, Any]:
 
 
 def run_measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from disttrain.estimate_cmd import compare
-    from disttrain.memory import Layout, plan_job
-    from disttrain.memory_measure import measure
+    from disttrain.cli.estimate import compare
+    from disttrain.plan.estimate import Layout, plan_job
+    from disttrain.plan.measure import measure
 
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # as memory_measure.measure sets it for its workers
     results: dict[str, Any] = {}
@@ -200,8 +200,8 @@ LARGE = {
 
 def run_zero() -> dict[str, Any]:
     from disttrain.config import from_dict
-    from disttrain.memory import Layout, estimate, profile_model
     from disttrain.models.gpt import GPT, GPTConfig
+    from disttrain.plan.estimate import Layout, estimate, profile_model
 
     cfg = from_dict({"train": {"micro_batch": 1, "global_batch": 64}, "precision": {"dtype": "bf16"}})
     ctx = 4096
@@ -283,11 +283,11 @@ def throughput_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     C.one_thread()
+    from disttrain.build import build_model
     from disttrain.config import from_dict
     from disttrain.data.text import load_text_data
     from disttrain.dist.env import init_distributed
     from disttrain.dist.mesh import SHARDED
-    from disttrain.job import build_model
     from disttrain.train.trainer import Trainer
 
     env = init_distributed("cpu", threads=1)

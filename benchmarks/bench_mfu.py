@@ -73,7 +73,7 @@ BEFORE = ("attention: SDPA", "GELU: tanh", "AdamW: foreach")  # the code before 
 
 def apply_variant(trainer: Any, choices: tuple[str, ...]) -> None:
     """Force the given implementation choices on this trainer's model and optimizer."""
-    from disttrain.train.trainer import lr_lambda
+    from disttrain.train.optim import lr_lambda
 
     model = trainer.model.inner
     for block in getattr(model, "blocks", []):
@@ -154,7 +154,7 @@ def job_config(world: int, total: int, peak: float | None) -> Any:
 
 
 def make_trainer(text: Any, env: Any, total: int, choices: tuple[str, ...] = (), peak: float | None = 1.0) -> Any:
-    from disttrain.job import build_model
+    from disttrain.build import build_model
     from disttrain.train.trainer import Trainer
 
     cfg = job_config(env.world_size, total, peak)

@@ -134,8 +134,8 @@ class PlainLoop:
 
 # -- disttrain -----------------------------------------------------------------------------------------
 def make_trainer(strategy: str, args: argparse.Namespace, text: Any, env: Any, total_steps: int) -> Any:
+    from disttrain.build import build_model
     from disttrain.config import from_dict
-    from disttrain.job import build_model
     from disttrain.train.trainer import Trainer
 
     cfg = from_dict(

@@ -33,8 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def make_trainer(dtype: str, args: argparse.Namespace, text: Any, env: Any, total: int) -> Any:
+    from disttrain.build import build_model
     from disttrain.config import from_dict
-    from disttrain.job import build_model
     from disttrain.train.trainer import Trainer
 
     cfg = from_dict(

@@ -26,7 +26,7 @@ PHASES = {  # label -> (module, owner attribute path, method)
     "save() (training thread)": ("disttrain.checkpoint", "CheckpointManager", "save"),
     "staging copy": ("disttrain.checkpoint", "_DeferredStager", "_stage"),
     "upload: plan + write": ("torch.distributed.checkpoint._async_thread_executor", None, "save_wrapper"),
-    "  of which writing the shard": ("disttrain.ckpt_write", "ChecksummingWriter", "write_data"),
+    "  of which writing the shard": ("disttrain.checkpoint.writer", "ChecksummingWriter", "write_data"),
     "commit (rank 0)": ("disttrain.checkpoint", "CheckpointManager", "_finish"),
     "purge": ("disttrain.checkpoint", "CheckpointManager", "purge"),
 }
@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.data.text import load_text_data
     from disttrain.dist.env import init_distributed
-    from disttrain.train.gc_control import GarbageCollection
+    from disttrain.utils.gc import GarbageCollection
 
     cpu: dict[str, list[float]] = defaultdict(list)
     instrument(cpu)

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttrain.build import build_model
 from disttrain.checkpoint import CheckpointManager
 from disttrain.config import from_dict
 from disttrain.data.loader import collate
 from disttrain.data.text import load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
 from disttrain.dist.fsdp import find_blocks
-from disttrain.dist.strategy import resolve_strategy
-from disttrain.job import build_model
+from disttrain.dist.mesh import resolve_strategy
 from disttrain.train.trainer import Trainer
 
 

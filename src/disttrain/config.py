@@ -19,16 +19,10 @@ from typing import Any, Literal
 
 import torch
 
+from disttrain.errors import ConfigError
+
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """The dtype names the config accepts (compute, reduction, export)."""
-
-
-class ConfigError(ValueError):
-    """A configuration mistake the user can fix; the message says what, the value, and how."""
-
-
-class MetaDeviceError(ConfigError):
-    """The model cannot be built on the meta device (sharded strategies and the memory plan need that)."""
 
 
 def _check(cond: bool, msg: str) -> None:

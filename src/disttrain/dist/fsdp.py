@@ -11,7 +11,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from disttrain.config import DTYPES, ConfigError
+from disttrain.config import DTYPES
+
+from disttrain.errors import ConfigError
 
 
 def find_blocks(model: nn.Module, spec: str = "auto") -> list[nn.Module]:

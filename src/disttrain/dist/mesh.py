@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from disttrain.config import ConfigError
+from disttrain.config import ParallelConfig
+from disttrain.errors import ConfigError
 
 STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
 SHARDED = ("fsdp", "hsdp")
@@ -32,6 +33,15 @@ class ParallelDims:
     shard: int = -1
     local_world_size: int | None = None
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_config(
+        cls, parallel: ParallelConfig, world_size: int, local_world_size: int | None = None, strategy: str | None = None
+    ) -> ParallelDims:
+        """The job's layout: ``strategy`` (default: ``parallel.strategy``, 'auto' resolved without a plan by
+        :func:`resolve_strategy`) with ``parallel.replicate`` / ``parallel.shard``."""
+        chosen = resolve_strategy(strategy or parallel.strategy, world_size)
+        return cls(chosen, world_size, parallel.replicate, parallel.shard, local_world_size=local_world_size)
 
     def __post_init__(self) -> None:
         s, w = self.strategy, self.world_size
@@ -114,3 +124,11 @@ class ParallelDims:
             else:
                 self._mesh = init_device_mesh(device_type, (self.world_size,), mesh_dim_names=("dp",))
         return self._mesh
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """'auto' without a memory plan -> ddp over several ranks, single alone (``disttrain run`` and the
+    Trainer decide 'auto' from the plan instead: :func:`disttrain.plan.estimate.recommend`)."""
+    if strategy == "auto":
+        return "ddp" if world_size > 1 else "single"
+    return strategy

@@ -21,12 +21,14 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from disttrain.config import DTYPES, ConfigError, ParallelConfig, PrecisionConfig
+from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
+
+from disttrain.errors import ConfigError
 from disttrain.dist.activation import apply_activation_checkpointing
 from disttrain.dist.env import resolve_precision
 from disttrain.dist.fsdp import apply_fsdp, find_blocks
-from disttrain.dist.init import is_meta, materialize
-from disttrain.dist.mesh import ParallelDims
+from disttrain.dist.meta_init import is_meta, materialize
+from disttrain.dist.mesh import ParallelDims, resolve_strategy
 
 
 @dataclass
@@ -77,14 +79,6 @@ class Parallelized:
         return float(norm)
 
 
-def resolve_strategy(strategy: str, world_size: int) -> str:
-    """'auto' without a memory plan -> ddp over several ranks, single alone (``disttrain run`` and the
-    Trainer decide 'auto' from the plan instead: :func:`disttrain.memory.recommend`)."""
-    if strategy == "auto":
-        return "ddp" if world_size > 1 else "single"
-    return strategy
-
-
 def current_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -108,9 +102,7 @@ def parallelize(
     precision = precision or PrecisionConfig()
     if dims is None:
         world = dist.get_world_size() if dist.is_initialized() else 1
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        strategy = resolve_strategy(parallel.strategy, world)
-        dims = ParallelDims(strategy, world, parallel.replicate, parallel.shard, local_world_size=local)
+        dims = ParallelDims.from_config(parallel, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     device = device or current_device()
     precision = resolve_precision(precision, device.type)
     if dims.world_size > 1 and not dist.is_initialized():

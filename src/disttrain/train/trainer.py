@@ -13,78 +13,32 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
-from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model
+from disttrain.checkpoint.manager import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model
 from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches
 from disttrain.dist.env import DistEnv, init_distributed, resolve_precision, seed_everything
 from disttrain.dist.mesh import ParallelDims
-from disttrain.dist.strategy import Parallelized, parallelize, resolve_strategy
-from disttrain.faults import fault_point
-from disttrain.health import HealthError, HealthMonitor, StepGuard, log_event, restart_event, set_collective_timeout
+from disttrain.dist.strategy import Parallelized, parallelize
+from disttrain.errors import HealthError
+from disttrain.health.events import log_event, restart_event
+from disttrain.health.guard import StepGuard
+from disttrain.health.monitor import HealthMonitor, set_collective_timeout
+from disttrain.plan.estimate import auto_strategy
 from disttrain.train import metrics as M
-from disttrain.train.gc_control import GarbageCollection
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy for (batch, time, vocab) logits, in fp32."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not biases, norms, embeddings)."""
-    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 and id(p) not in emb else no_decay).append(p)
-    o = cfg.optim
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # fused is ~7% faster per step on CPU, but fails on FSDP's DTensor parameters in torch 2.13 (step shape)
-    fused = not any(isinstance(p, DTensor) for p in decay + no_decay)
-    return torch.optim.AdamW(
-        groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None, foreach=None if fused else True
-    )
-
-
-def lr_lambda(cfg: JobConfig) -> Callable[[int], float]:
-    """Linear warmup to the peak, then cosine decay to ``min_lr_ratio`` x peak at the last step."""
-    warm, total, floor = cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        span = max(total - warm - 1, 1)
-        progress = min((step - warm) / span, 1.0)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
-
-
-def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> torch.amp.GradScaler | None:
-    """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
-    if dtype != "fp16":
-        return None
-    if dims.fsdp_enabled:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device.type)
-    return torch.amp.GradScaler(device.type)
+from disttrain.train.loss import LossFn, cross_entropy
+from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler
+from disttrain.utils.faults import fault_point
+from disttrain.utils.gc import GarbageCollection
 
 
 @dataclass
@@ -116,6 +70,7 @@ class Trainer:
         run_dir: str | Path | None = None,
         env: DistEnv | None = None,
         checkpoint: CheckpointManager | None = None,
+        dims: ParallelDims | None = None,
     ) -> None:
         self.cfg = cfg = config or JobConfig()
         # collectives get the long start-up timeout until the first step is done (then parallel.timeout_s)
@@ -132,17 +87,7 @@ class Trainer:
             torch.autograd.set_detect_anomaly(True)  # names the op that produced a NaN in backward (slow)
         seed_everything(cfg.train.seed)
         self.strategy_reason = "forced by parallel.strategy"
-        if cfg.parallel.strategy == "auto" and self.env.world_size > 1:
-            from disttrain.memory import auto_strategy
-
-            strategy, self.strategy_reason = auto_strategy(
-                model, train_data[0], cfg, self.env.world_size, self.env.local_world_size, loss_fn
-            )
-        else:
-            strategy = resolve_strategy(cfg.parallel.strategy, self.env.world_size)
-        self.dims = ParallelDims(
-            strategy, self.env.world_size, cfg.parallel.replicate, cfg.parallel.shard, self.env.local_world_size
-        )
+        self.dims = dims or self._choose_dims(model, train_data, loss_fn)
         self.plan = resolve_batch(cfg.train, self.dims.dp_size)
         dp_rank = self.env.rank
         self.loader = GlobalBatchLoader(
@@ -171,6 +116,16 @@ class Trainer:
             cfg.health, self.env.rank, self.env.world_size, self.run_dir, cfg.parallel.timeout_s
         )
         self.guard = StepGuard(cfg.health)
+
+    def _choose_dims(self, model: nn.Module, train_data: Dataset[Any], loss_fn: LossFn) -> ParallelDims:
+        """The layout when the caller gave none: ``auto`` from the memory plan over several ranks."""
+        cfg, env = self.cfg, self.env
+        strategy = None
+        if cfg.parallel.strategy == "auto" and env.world_size > 1:
+            strategy, self.strategy_reason = auto_strategy(
+                model, train_data[0], cfg, env.world_size, env.local_world_size, loss_fn
+            )
+        return ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size, strategy)
 
     # -- one step -------------------------------------------------------------------------------
     def _to_device(self, batch: Any) -> Any:

@@ -1,0 +1,45 @@
+"""The ``disttrain`` command: one module per subcommand (argument handling only), dispatched from here.
+
+The top of the import graph: may import every other package; nothing imports ``cli``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from disttrain.errors import CheckpointError, ConfigError
+
+USAGE = """disttrain <command> [options]
+
+commands:
+  run      train (default: the bundled GPT on Shakespeare, every local device)
+  launch   run your own script under torchrun: disttrain launch -n 4 train.py [args]
+  estimate memory per rank for DDP / FSDP / HSDP and the strategy auto picks: disttrain estimate --nproc 8
+  ckpt     look into and convert checkpoints: disttrain ckpt ls|inspect|verify|export RUN_OR_FOLDER
+  doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
+"""
+
+COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"disttrain: error: unknown command {cmd!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return importlib.import_module(f"disttrain.cli.{cmd}").main(rest)
+    except (ConfigError, CheckpointError) as e:
+        print(f"disttrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

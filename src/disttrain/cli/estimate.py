@@ -1,0 +1,48 @@
+"""``disttrain estimate``: the memory plan per strategy (and, with ``--measure``, measured against real ranks)."""
+
+from __future__ import annotations
+
+import argparse
+
+from disttrain.config import JobConfig, apply_overrides, load_toml
+
+ESTIMATE_HELP = """disttrain estimate [--config job.toml] [--nproc N] [--nnodes M] [--device-memory 80GiB] [--json]
+                  [--measure] [--section.key value ...]
+
+  Per-rank memory (parameters, gradients, optimizer state, gathered blocks, activations) for DDP, FSDP,
+  FSDP without reshard, HSDP and FSDP with CPU offload, built on the meta device (seconds, even for 70B),
+  and the strategy `--parallel.strategy auto` would pick, with its reason.
+
+  --nproc N            ranks per node (default: GPUs here, or 2 on CPU)
+  --nnodes M           nodes (HSDP replicates across them)
+  --device-memory SIZE memory of one device, e.g. 80GiB (default: this machine's)
+  --json               machine-readable output
+  --measure            also run a few real steps of each strategy that fits, here, and print
+                       predicted vs measured with the error in percent
+"""
+
+
+def main(argv: list[str]) -> int:
+    from disttrain.plan.command import run_estimate
+
+    p = argparse.ArgumentParser(prog="disttrain estimate", add_help=False)
+    p.add_argument("--config", default=None)
+    p.add_argument("--nproc", type=int, default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--device-memory", default=None)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--measure", action="store_true")
+    known, rest = p.parse_known_args(argv)
+    if any(a in ("-h", "--help") for a in rest):
+        print(ESTIMATE_HELP)
+        return 0
+    cfg = load_toml(known.config) if known.config else JobConfig()
+    cfg = apply_overrides(cfg, rest)
+    return run_estimate(
+        cfg,
+        nproc=known.nproc,
+        nnodes=known.nnodes,
+        device_memory=known.device_memory,
+        as_json=known.json,
+        measure=known.measure,
+    )

@@ -1,0 +1,23 @@
+"""``disttrain launch -n N script.py``: a user's own script under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+
+from disttrain.config import LaunchConfig
+
+
+def main(argv: list[str]) -> int:
+    from disttrain.launch.torchrun import launch_script
+
+    p = argparse.ArgumentParser(prog="disttrain launch", description="Run a script under torchrun semantics.")
+    p.add_argument("-n", "--nproc", type=int, default=None, help="processes on this node (default: GPUs or 2)")
+    p.add_argument("--nnodes", default="1")
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", default=None)
+    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    launch = LaunchConfig(a.nnodes, a.node_rank, a.rdzv_endpoint, a.max_restarts)
+    return launch_script(a.nproc, launch, a.script, a.args)

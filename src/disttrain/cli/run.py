@@ -1,0 +1,40 @@
+"""``disttrain run``: the job's config from TOML and dotted overrides, then the launcher."""
+
+from __future__ import annotations
+
+import argparse
+
+from disttrain.config import JobConfig, apply_overrides, load_toml, to_toml
+
+RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key value ...]
+
+  --config FILE     read the job from a TOML file ([train] steps = 500, ...); options below override it
+  --print-config    print the resolved config (TOML) and exit without training
+  --max-restarts N  restart the job up to N times after a failure (= --launch.max-restarts)
+  --debug PRESETS   comms and/or anomaly, e.g. --debug comms,anomaly (= --health.debug; see README)
+"""
+
+
+def main(argv: list[str]) -> int:
+    from disttrain.launch.resolve import plan_and_resolve
+    from disttrain.launch.run_job import launch_job
+
+    p = argparse.ArgumentParser(prog="disttrain run", add_help=False)
+    p.add_argument("--config", default=None)
+    p.add_argument("--print-config", action="store_true")
+    p.add_argument("--max-restarts", default=None)  # = --launch.max-restarts
+    p.add_argument("--debug", default=None)  # = --health.debug (comms, anomaly)
+    known, rest = p.parse_known_args(argv)
+    if known.max_restarts is not None:
+        rest += ["--launch.max-restarts", known.max_restarts]
+    if known.debug is not None:
+        rest += ["--health.debug", known.debug]
+    if any(a in ("-h", "--help") for a in rest):
+        print(RUN_HELP)
+    cfg = load_toml(known.config) if known.config else JobConfig()
+    cfg = apply_overrides(cfg, rest)
+    if known.print_config:
+        resolved, choice = plan_and_resolve(cfg)
+        print(f"# strategy {resolved.parallel.strategy}: {choice.reason}\n{to_toml(resolved)}", end="")
+        return 0
+    return launch_job(cfg)

@@ -1,0 +1,28 @@
+"""Every exception type disttrain raises on purpose, in one place at the bottom of the import graph.
+
+Each message says what was wrong, the value, and the fix; the CLI prints it as one line (exit 2 for a
+mistake in the job, 3 for a job stopped on purpose) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration mistake the user can fix; the message says what, the value, and how."""
+
+
+class MetaDeviceError(ConfigError):
+    """The model cannot be built on the meta device (sharded strategies and the memory plan need that)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the folder and what is wrong with it."""
+
+
+class HealthError(RuntimeError):
+    """Training stopped on purpose (bad steps); the message says why and what to change."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: torchrun stops the other workers this way when one fails (or the job was cancelled).
+    A BaseException, so that no ``except Exception`` on the way swallows it."""

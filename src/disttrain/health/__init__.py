@@ -1,0 +1,23 @@
+"""Health of a running job: ``monitor`` (heartbeats, hang watchdog, stragglers, collective timeouts), ``guard``
+(non-finite / spiking steps), ``events`` (the run folder's event log and exit records), ``signals`` (SIGTERM).
+
+May import config, errors and utils; nothing from dist, train, checkpoint or launch.
+"""
+
+from disttrain.errors import HealthError, Terminated
+from disttrain.health.events import log_event, record_exit, restart_event
+from disttrain.health.guard import StepGuard
+from disttrain.health.monitor import HealthMonitor, set_collective_timeout
+from disttrain.health.signals import raise_on_sigterm
+
+__all__ = [
+    "HealthError",
+    "HealthMonitor",
+    "StepGuard",
+    "Terminated",
+    "log_event",
+    "raise_on_sigterm",
+    "record_exit",
+    "restart_event",
+    "set_collective_timeout",
+]

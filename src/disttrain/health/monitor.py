@@ -1,0 +1,357 @@
+"""Health of a running job: heartbeats, the hang watchdog with stack dumps, straggler detection, bad-step
+guards (NaN/Inf and loss spikes), collective timeouts, debug presets and the run folder's event log.
+
+The training thread only marks where it is (``health.phase("forward")``, ``health.step_done(step, dt)``):
+attribute writes, no I/O, no collective. A background thread per rank publishes (step, phase, seconds in
+that phase, straggler figures) every ``health.heartbeat_s`` to the c10d store the process group already
+uses (its own client connection), and mirrors it to ``<run>/health/attempt<k>-rank<r>.json`` for the post-mortem.
+Rank 0's thread is also the watchdog: a rank whose (step, phase) has not moved for the hang timeout is
+named with its phase, a verdict goes into the store, every rank dumps the Python stacks of all its threads
+(faulthandler) into ``<run>/health/stacks/``, and the job exits non-zero (``HANG_EXIT_CODE``) so that
+torchrun restarts it from the last checkpoint. A per-rank ``faulthandler.dump_traceback_later`` is the
+backstop when a process is too wedged for its Python thread to run.
+
+Events (hangs, stragglers, bad steps, rollbacks, restarts) are appended to ``<run>/health/events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import faulthandler
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import torch.distributed as dist
+
+from disttrain.config import HealthConfig
+from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error
+from disttrain.utils.faults import fault_matches
+
+log = logging.getLogger("disttrain")
+
+
+HANG_EXIT_CODE = 124
+# In order of progress: "log" .. "rollback" follow step k (the step counter already says k), "data" ..
+# "optimizer" are the work of step k + 1.
+PHASES = ("init", "log", "eval", "checkpoint", "rollback", "data", "forward", "backward", "optimizer", "done")
+IN_STEP = frozenset({"data", "forward", "backward", "optimizer"})
+# Phases that are not a training step: judged against the start-up limit, not the step-based timeout.
+SLOW_PHASES = frozenset({"init", "eval", "checkpoint", "rollback"})
+
+
+# -- collective timeouts and debug presets -----------------------------------------------------------------
+def set_collective_timeout(seconds: float) -> None:
+    """Set the timeout of every process group of this process (torchtitan: long at start-up, then shorter)."""
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+
+    for pg in list(_world.pg_map):
+        try:
+            _set_pg_timeout(datetime.timedelta(seconds=seconds), pg)
+        except Exception as e:  # a backend without the setter keeps its start-up value
+            log.debug("collective timeout not set on %s: %s", pg, e)
+
+
+# -- heartbeats and the watchdog ----------------------------------------------------------------------------
+def _open_store(rank: int) -> Any:
+    """A client of the c10d store the process group rendezvoused on (own socket: heartbeats never wait on
+    the training thread's store calls); an in-process store when there is no group."""
+    if not dist.is_initialized() or "MASTER_ADDR" not in os.environ:
+        return dist.HashStore()
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=30),
+        wait_for_workers=False,
+    )
+    return dist.PrefixStore(f"disttrain/health/a{attempt()}", store)
+
+
+class HealthMonitor:
+    """Per-rank heartbeats; on rank 0 also the hang watchdog and the straggler comparison."""
+
+    def __init__(
+        self, cfg: HealthConfig, rank: int, world_size: int, run_dir: Path | None, step_timeout_s: float
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world = world_size
+        self.run_dir = run_dir
+        self.step_timeout_s = step_timeout_s
+        now = time.perf_counter()
+        self._state: tuple[int, str, float] = (0, "init", now)  # (step, phase, since): one atomic write
+        self._data_s = 0.0
+        self._cpu0 = time.thread_time()
+        self._burned = 0.0  # CPU seconds a 'slow' fault added this step (not part of the clean figure)
+        self._clean_cpu = 0.0
+        self._win: list[tuple[float, float]] = []
+        self._published: dict[int, dict[str, float]] = {}
+        self.step_times: collections.deque[float] = collections.deque(maxlen=50)
+        self.stragglers: list[int] = []
+        self.rank_figures: dict[str, list[float]] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._store: Any = None
+        self._backstop: IO[str] | None = None
+        self._armed_at = 0.0
+        self._seen: dict[int, tuple[Any, float]] = {}  # rank -> (last heartbeat, when rank 0 received it)
+        self._judged_win = 0
+        self.verdict: dict[str, Any] | None = None
+
+    # ---- training-thread hooks (cheap) ----
+    def phase(self, name: str) -> None:
+        step, old, since = self._state
+        now = time.perf_counter()
+        if old == "data":
+            self._data_s += now - since
+        self._state = (step, name, now)
+
+    def step_done(self, step: int, seconds: float) -> None:
+        """A step finished: progress for the watchdog, figures for the straggler check."""
+        now = time.perf_counter()
+        self.step_times.append(seconds)
+        cpu = time.thread_time()
+        self._clean_cpu = cpu - self._cpu0 - self._burned
+        self._win.append((self._data_s, self._clean_cpu + self._burned))
+        self._cpu0, self._burned, self._data_s = cpu, 0.0, 0.0
+        n = self.cfg.straggler_interval
+        if n and step % n == 0 and self._win:
+            data = statistics.median(d for d, _ in self._win)
+            comp = statistics.median(c for _, c in self._win)
+            self._published = {**dict(list(self._published.items())[-3:]), step: {"data_s": data, "compute_s": comp}}
+            self._win = []
+        self._state = (step, "log", now)
+        if self._backstop is not None and now - self._armed_at > self.timeout() / 2:
+            self._arm_backstop()
+
+    def timeout(self, phase: str = "data") -> float:
+        """Seconds without progress that make a hang (auto: a multiple of the median step, with a floor)."""
+        if phase in SLOW_PHASES or not self.step_times:
+            return max(self.cfg.startup_timeout_s, self._step_timeout())
+        return self._step_timeout()
+
+    def _step_timeout(self) -> float:
+        if self.cfg.hang_timeout_s is not None:
+            return self.cfg.hang_timeout_s
+        med = statistics.median(self.step_times) if self.step_times else 0.0
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * med)
+
+    # ---- fault injection for tests (DISTTRAIN_FAULT, see checkpoint.fault_point) ----
+    def inject_faults(self, step: int) -> None:
+        """``hang:<k>:<r>`` sleeps (until the watchdog ends the job); ``slow:<k>:<r>`` makes rank r 3x slower
+        from step k on (it burns twice its own CPU time per step).
+
+        Called every step, so it costs O(1) whatever the step: only the steps the specs name are tried
+        (trying every k <= step cost 35 ms per step at step 10,000, growing with the step)."""
+        specs = os.environ.get("DISTTRAIN_FAULT")
+        if not specs:
+            return
+        if fault_matches("hang", step, self.rank):
+            log.warning("fault injection: rank %d hangs in step %d", self.rank, step)
+            while True:
+                time.sleep(3600)
+        named = (s.split(":") for s in specs.split(","))
+        slow_from = [int(p[1]) for p in named if len(p) == 3 and p[0] == "slow" and p[1].isdigit()]
+        if any(fault_matches("slow", k, self.rank) for k in slow_from if 1 <= k <= step):
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 2 * self._clean_cpu:
+                sum(range(1000))
+            self._burned += time.thread_time() - t0
+
+    def nan_fault(self, step: int) -> bool:
+        """``nan:<k>:<r>``: the loss of step k on rank r is NaN (each spec fires once per process)."""
+        return fault_matches("nan", step, self.rank, once=True)
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        if not self.cfg.enabled or self._thread is not None:
+            return
+        self._store = _open_store(self.rank)
+        if self.run_dir is not None:
+            stacks = health_dir(self.run_dir) / "stacks"
+            stacks.mkdir(exist_ok=True)
+            self._backstop = open(stacks / f"attempt{attempt()}-rank{self.rank}-backstop.txt", "w")  # noqa: SIM115
+            self._arm_backstop()
+        self._beat()  # a first record at once: a rank killed before its first period still leaves one
+        self._thread = threading.Thread(target=self._loop, name="disttrain-health", daemon=True)
+        self._thread.start()
+
+    def _arm_backstop(self) -> None:
+        """faulthandler's own C thread dumps every stack and exits if nothing moves for twice the timeout
+        (plus a margin): the watchdog of last resort when this process cannot run Python any more."""
+        assert self._backstop is not None
+        limit = 2 * self.timeout(self._state[1]) + 5 * self.cfg.heartbeat_s + 10
+        faulthandler.dump_traceback_later(limit, exit=True, file=self._backstop)
+        self._armed_at = time.perf_counter()
+
+    def close(self, finished: bool = True) -> None:
+        """Stop the thread; ``finished``: the loop ran to its end (else the last phase is kept for the log)."""
+        if finished:
+            self.phase("done")
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5 * self.cfg.heartbeat_s + 5)
+            self._thread = None
+            self._beat(final=finished)
+        self._drop_backstop()
+
+    def _drop_backstop(self) -> None:
+        if self._backstop is not None:
+            faulthandler.cancel_dump_traceback_later()
+            name = Path(self._backstop.name)
+            self._backstop.close()
+            if name.stat().st_size == 0:
+                name.unlink()
+            self._backstop = None
+
+    # ---- the background thread ----
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.wait(self.cfg.heartbeat_s):
+            try:
+                self._beat()
+                if self._store.check(["verdict"]):
+                    self._on_verdict(json.loads(self._store.get("verdict")))
+                if self.rank == 0:
+                    self._watch()
+                failures = 0
+            except Exception as e:  # the store went away (rank 0 died): torchrun is tearing the job down
+                failures += 1
+                if failures == 3:
+                    log.warning("health: heartbeat store unreachable (%s: %s)", type(e).__name__, e)
+
+    def _beat(self, final: bool = False) -> None:
+        step, phase, since = self._state
+        beat = {
+            "rank": self.rank,
+            "attempt": attempt(),
+            "step": step,
+            "phase": phase,
+            "in_phase_s": time.perf_counter() - since,
+            "time": time.time(),
+            "stats": self._published,
+        }
+        try:
+            self._store.set(f"hb/{self.rank}", json.dumps(beat))
+        except Exception:
+            if not final:
+                raise
+        if self.run_dir is not None and self.verdict is None:  # after a hang verdict: keep its exit record
+            if final:
+                beat["exit"] = "finished"
+            (health_dir(self.run_dir) / f"attempt{attempt()}-rank{self.rank}.json").write_text(json.dumps(beat))
+
+    def _watch(self) -> None:
+        keys = [f"hb/{r}" for r in range(self.world)]
+        if not self._store.check(keys):
+            return
+        now = time.perf_counter()
+        beats: dict[int, dict[str, Any]] = {}
+        idle: dict[int, float] = {}
+        for r, raw in enumerate(self._store.multi_get(keys)):
+            hb = json.loads(raw)
+            prev = self._seen.get(r)
+            if prev is None or prev[0] != raw:
+                self._seen[r] = (raw, now)
+            beats[r] = hb
+            # seconds since this rank last moved, by its own clock, plus how stale its heartbeat is by ours
+            idle[r] = hb["in_phase_s"] + (now - self._seen[r][1])
+        self._check_stragglers(beats)
+        over = [
+            r
+            for r, hb in beats.items()
+            if hb["phase"] != "done" and idle[r] > self.timeout(hb["phase"] if hb["step"] else "init")
+        ]
+        if not over:
+            return
+        order = {r: (beats[r]["step"], PHASES.index(beats[r]["phase"])) for r in over}
+        behind = min(order.values())
+        stuck = sorted(r for r in over if order[r] == behind)
+        verdict = {
+            "stuck": [
+                {
+                    "rank": r,
+                    "step": beats[r]["step"] + (beats[r]["phase"] in IN_STEP),
+                    "phase": beats[r]["phase"],
+                    "idle_s": round(idle[r], 2),
+                }
+                for r in stuck
+            ],
+            "waiting": sorted(set(beats) - set(stuck)),
+            "timeout_s": self.timeout(beats[stuck[0]]["phase"]),
+        }
+        self._store.set("verdict", json.dumps(verdict))
+        self._on_verdict(verdict)
+
+    def _on_verdict(self, verdict: dict[str, Any]) -> None:
+        """Every rank: dump all threads' stacks, note why in torchrun's error file, wait for the others
+        (bounded), exit non-zero so the launcher restarts the job from the last checkpoint."""
+        self.verdict = verdict
+        who = "; ".join(
+            f"rank {s['rank']} made no progress for {s['idle_s']:.1f}s in phase {s['phase']!r} of step {s['step']}"
+            for s in verdict["stuck"]
+        )
+        msg = f"hang: {who} (timeout {verdict['timeout_s']:.1f}s)"
+        stack_file = None
+        if self.run_dir is not None:
+            stack_file = health_dir(self.run_dir) / "stacks" / f"attempt{attempt()}-rank{self.rank}.txt"
+            stack_file.parent.mkdir(exist_ok=True)
+            with open(stack_file, "w") as f:
+                f.write(f"# {msg}\n# rank {self.rank}, attempt {attempt()}: Python stacks of all threads\n")
+                f.flush()
+                faulthandler.dump_traceback(file=f, all_threads=True)
+            record_exit(self.run_dir, self.rank, msg)
+        if self.rank == 0:
+            where = f"; stacks in {stack_file.parent}" if stack_file else ""
+            log_event(self.run_dir, "hang", **verdict)
+            log.error("%s%s", msg, where)
+            print(
+                f"disttrain: {msg}{where}; exiting so that the launcher restarts from the last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+        write_elastic_error(msg)
+        self._drop_backstop()
+        self._store.set(f"dumped/{self.rank}", "1")
+        deadline = time.perf_counter() + 3 * self.cfg.heartbeat_s + 5
+        others = [f"dumped/{r}" for r in range(self.world)]
+        while time.perf_counter() < deadline and not self._store.check(others):
+            time.sleep(0.05)
+        if self.rank == 0:
+            time.sleep(0.5)  # rank 0 hosts the store: leave last
+        logging.shutdown()
+        os._exit(HANG_EXIT_CODE)
+
+    def _check_stragglers(self, beats: dict[int, dict[str, Any]]) -> None:
+        """Compare the newest window every rank has published; name ranks slower than the others' median."""
+        if self.world < 2 or not self.cfg.straggler_interval:
+            return
+        common = set.intersection(*(set(map(int, b["stats"])) for b in beats.values()))
+        wins = [w for w in common if w > self._judged_win]
+        if not wins:
+            return
+        win = max(wins)
+        self._judged_win = win
+        slow: dict[int, str] = {}
+        for key in ("compute_s", "data_s"):
+            vals = {r: b["stats"][str(win)][key] for r, b in beats.items()}
+            self.rank_figures[key] = [vals[r] for r in sorted(vals)]
+            for r, v in vals.items():
+                ref = statistics.median(x for q, x in vals.items() if q != r)
+                if v > self.cfg.straggler_factor * ref and v - ref > 1e-3:
+                    slow[r] = f"{key[:-2]} {v * 1e3:.1f} ms/step vs {ref * 1e3:.1f} ms ({v / max(ref, 1e-9):.1f}x)"
+        self.stragglers = sorted(slow)
+        for r, why in slow.items():
+            n = self.cfg.straggler_interval
+            log.warning("straggler: rank %d over steps %d-%d: %s", r, win - n + 1, win, why)
+            log_event(self.run_dir, "straggler", rank=r, steps=[win - n + 1, win], detail=why)

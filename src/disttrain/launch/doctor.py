@@ -1,0 +1,386 @@
+"""``disttrain doctor``: is this machine (or cluster) ready to train, and if not, what to do about it.
+
+Each check prints one line, OK / WARN / FAIL, and a fix for anything not OK: Python, torch, CUDA and
+NCCL versions, devices and their memory, gloo/NCCL availability, the rendezvous port free (or the
+rendezvous endpoint reachable), then a short all-reduce / all-gather bandwidth test and an RPC ping across
+the local ranks (across nodes with ``--nnodes N --rdzv-endpoint HOST:PORT``, one ``doctor`` per node),
+started through torchrun like a real job. Exit code 1 if anything FAILs; ``--json`` for machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+Status = Literal["OK", "WARN", "FAIL"]
+MIN_TORCH = (2, 6)
+# Below these an all-reduce is suspiciously slow for the backend (GB/s of payload per rank).
+SLOW_GBPS = {"gloo": 0.05, "nccl": 5.0}
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+# -- checks of this machine -------------------------------------------------------------------------------
+def check_python() -> Check:
+    v = sys.version_info
+    ok = (v.major, v.minor) >= (3, 11)
+    return Check("python", "OK" if ok else "FAIL", sys.version.split()[0], "" if ok else "use Python 3.11 or newer")
+
+
+def check_torch() -> Check:
+    ver = torch.__version__
+    major_minor = tuple(int(x) for x in ver.split("+")[0].split(".")[:2])
+    ok = major_minor >= MIN_TORCH
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    fix = "" if ok else "install torch >= 2.6 (FSDP2 fully_shard): pip install -U torch"
+    return Check("torch", "OK" if ok else "FAIL", f"{ver} ({build})", fix)
+
+
+def check_cuda() -> list[Check]:
+    if not torch.cuda.is_available():
+        gpus_here = Path("/dev/nvidia0").exists()
+        if gpus_here and not torch.version.cuda:
+            return [
+                Check(
+                    "cuda",
+                    "WARN",
+                    "this machine has NVIDIA GPUs but torch is a CPU build",
+                    "install a CUDA build of torch first (see README: Torch on GPU machines)",
+                )
+            ]
+        if gpus_here:
+            return [
+                Check(
+                    "cuda",
+                    "FAIL",
+                    f"torch {torch.version.cuda} cannot use the GPUs",
+                    "check the driver (nvidia-smi) and that it supports this CUDA version",
+                )
+            ]
+        return [Check("cuda", "OK", "no CUDA device: training runs on CPU processes with gloo")]
+    out = [Check("cuda", "OK", f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)")]
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        status: Status = "OK" if free > 0.5 * total else "WARN"
+        fix = "" if status == "OK" else "another process holds this GPU's memory (nvidia-smi shows which)"
+        name = torch.cuda.get_device_name(i)
+        out.append(Check(f"gpu{i}", status, f"{name}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free", fix))
+    return out
+
+
+def check_host() -> Check:
+    import psutil
+
+    mem = psutil.virtual_memory()
+    cores = os.cpu_count() or 1
+    status: Status = "OK" if mem.available > 2 * 2**30 else "WARN"
+    fix = "" if status == "OK" else "less than 2 GiB of RAM free: close other programs or use smaller models"
+    return Check(
+        "host", status, f"{cores} CPU core(s), {mem.available / 2**30:.1f} of {mem.total / 2**30:.1f} GiB RAM free", fix
+    )
+
+
+def check_backends() -> list[Check]:
+    out = []
+    gloo = dist.is_available() and dist.is_gloo_available()
+    out.append(
+        Check(
+            "gloo",
+            "OK" if gloo else "FAIL",
+            "available" if gloo else "not built into this torch",
+            "" if gloo else "install an official torch build (gloo is needed for CPU tensors)",
+        )
+    )
+    if torch.cuda.is_available():
+        nccl = dist.is_nccl_available()
+        ver = ".".join(map(str, torch.cuda.nccl.version())) if nccl else "missing"
+        out.append(
+            Check(
+                "nccl",
+                "OK" if nccl else "FAIL",
+                f"NCCL {ver}",
+                "" if nccl else "install a CUDA torch build with NCCL (Linux wheels have it)",
+            )
+        )
+    return out
+
+
+def _port_owner(port: int) -> str:
+    try:
+        import psutil
+
+        for c in psutil.net_connections("tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f" by pid {c.pid} ({psutil.Process(c.pid).name()})"
+    except Exception:  # no permission to look: say nothing
+        pass
+    return ""
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_port(port: int, what: str, severity: Status = "FAIL") -> Check:
+    if port_is_free(port):
+        return Check("port", "OK", f"{port} is free ({what})")
+    return Check(
+        "port",
+        severity,
+        f"{port} is already in use{_port_owner(port)} ({what})",
+        f"stop what holds it, or use another port: --rdzv-endpoint HOST:{port + 1} "
+        f"(disttrain run: --launch.rdzv-endpoint; scripts: MASTER_PORT={port + 1})",
+    )
+
+
+def _is_local(host: str) -> bool:
+    try:
+        addrs = {str(ai[4][0]) for ai in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    local = {"127.0.0.1", "::1", "0.0.0.0"}
+    with contextlib.suppress(OSError):
+        local |= {str(ai[4][0]) for ai in socket.getaddrinfo(socket.gethostname(), None)}
+    return any(a in local or a.startswith("127.") for a in addrs)
+
+
+def check_rendezvous(endpoint: str | None, node_rank: int, timeout_s: float = 3.0) -> list[Check]:
+    """No endpoint: one node, torchrun picks a free port. Node 0 on its own address: the port must be free
+    (it will host the store); any other node: the endpoint must answer."""
+    if not endpoint:
+        return [Check("rendezvous", "OK", "single node (standalone): torchrun picks a free port")]
+    host, _, port_s = endpoint.rpartition(":")
+    if not host or not port_s.isdigit():
+        return [
+            Check(
+                "rendezvous",
+                "FAIL",
+                f"{endpoint!r} is not HOST:PORT",
+                "pass --rdzv-endpoint HOST:PORT, e.g. node0:29400",
+            )
+        ]
+    port = int(port_s)
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError as e:
+        return [
+            Check(
+                "rendezvous",
+                "FAIL",
+                f"cannot resolve {host!r} ({e.strerror or e})",
+                "check the host name (or use its IP address), and that every node uses the same endpoint",
+            )
+        ]
+    if node_rank == 0 and _is_local(host):
+        if port_is_free(port):
+            return [Check("rendezvous", "OK", f"{endpoint}: this node (rank 0) will host it; the port is free")]
+        return [check_port(port, f"node 0 hosts the rendezvous on {endpoint}")]
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        return [
+            Check(
+                "rendezvous",
+                "FAIL",
+                f"cannot reach {endpoint} ({type(e).__name__}: {e})",
+                "start node 0 first (it hosts the rendezvous); check the address, the port, and the firewall",
+            )
+        ]
+    return [Check("rendezvous", "OK", f"{endpoint} answers")]
+
+
+# -- the multi-process part: collectives and RPC, through torchrun ------------------------------------------
+def _bandwidth(op: str, nbytes: int, device: torch.device, iters: int = 5) -> float:
+    """Payload GB/s per rank of an all-reduce (nbytes per rank) or all-gather (nbytes from each rank)."""
+    world = dist.get_world_size()
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    outs = [torch.empty_like(x) for _ in range(world)]
+    times = []
+    for i in range(iters + 1):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if op == "all_reduce":
+            dist.all_reduce(x)
+        else:
+            dist.all_gather(outs, x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first one sets up connections
+            times.append(time.perf_counter() - t0)
+    moved = nbytes if op == "all_reduce" else nbytes * world
+    return moved / statistics.median(times) / 1e9
+
+
+def worker(out_dir: str) -> None:
+    """One rank of the test: bandwidths per backend, then an RPC ping from rank 0 to the last rank."""
+    import warnings
+
+    from disttrain.dist.env import backend_for
+
+    warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*")  # gloo + rpc (pytorch#149393)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend_for("cuda" if cuda else "cpu"), timeout=datetime.timedelta(seconds=60))
+    res: dict[str, Any] = {"world": world}
+    devices = [("gloo", torch.device("cpu"))] + ([("nccl", torch.device("cuda"))] if cuda else [])
+    for backend, dev in devices:
+        size = 64 * 2**20 if backend == "nccl" else 16 * 2**20
+        res[f"{backend}_all_reduce"] = _bandwidth("all_reduce", size, dev)
+        res[f"{backend}_all_gather"] = _bandwidth("all_gather", size // world, dev)
+    res["rpc_ms"] = _rpc_ping(rank, world)
+    if rank == 0:
+        Path(out_dir, "result.json").write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _rpc_ping(rank: int, world: int) -> float | None:
+    from torch.distributed import rpc
+
+    port = [0]
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port[0] = s.getsockname()[1]
+    dist.broadcast_object_list(port, src=0)
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port[0]}", rpc_timeout=30)
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
+    ms = None
+    if rank == 0:
+        peer = f"w{world - 1}"
+        rpc.rpc_sync(peer, min, args=(1, 2))
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            rpc.rpc_sync(peer, min, args=(1, 2))
+            times.append(time.perf_counter() - t0)
+        ms = statistics.median(times) * 1e3
+    rpc.shutdown()
+    return ms
+
+
+def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | None) -> list[Check]:
+    from disttrain.config import LaunchConfig
+    from disttrain.launch.torchrun import run_torchrun, torchrun_argv
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    launch = LaunchConfig(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint)
+    with tempfile.TemporaryDirectory(prefix="disttrain-doctor-") as tmp:
+        argv = [
+            *torchrun_argv(nproc, launch, Path(tmp) / "logs", quiet_ranks=True),
+            "-m",
+            "disttrain.launch.doctor",
+            "--worker",
+            tmp,
+        ]
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(sys.stderr):
+            code = run_torchrun(argv, nproc, device)
+        result = Path(tmp, "result.json")
+        if code != 0 or (node_rank == 0 and not result.is_file()):
+            return [
+                Check(
+                    "collectives",
+                    "FAIL",
+                    f"the {nproc}-process test failed (exit {code})",
+                    "run `disttrain launch -n 2` on a small script to see the error; check ports and firewall",
+                )
+            ]
+        if not result.is_file():  # other nodes: rank 0's node has the figures
+            return [Check("collectives", "OK", f"joined the test with {nproc} process(es)")]
+        res = json.loads(result.read_text())
+    world, took = res["world"], time.perf_counter() - t0
+    out = []
+    for backend in ("gloo", "nccl"):
+        if f"{backend}_all_reduce" not in res:
+            continue
+        ar, ag = res[f"{backend}_all_reduce"], res[f"{backend}_all_gather"]
+        slow = ar < SLOW_GBPS[backend]
+        out.append(
+            Check(
+                f"{backend} bandwidth",
+                "WARN" if slow else "OK",
+                f"all-reduce {ar:.2f} GB/s, all-gather {ag:.2f} GB/s per rank ({world} ranks)",
+                "slow for this backend: check the network interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) "
+                "and that nothing else saturates it"
+                if slow
+                else "",
+            )
+        )
+    out.append(
+        Check("rpc", "OK", f"ping rank 0 -> rank {world - 1}: {res['rpc_ms']:.2f} ms ({took:.0f}s for the test)")
+    )
+    return out
+
+
+# -- the command --------------------------------------------------------------------------------------------
+def run_checks(
+    nproc: int | None = None,
+    nnodes: str = "1",
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    port: int | None = None,
+    quick: bool = False,
+) -> list[Check]:
+    checks = [check_python(), check_torch(), *check_cuda(), check_host(), *check_backends()]
+    if port is not None:
+        checks.append(check_port(port, "asked for"))
+    elif rdzv_endpoint is None:
+        default = int(os.environ.get("MASTER_PORT", 29500))  # only matters to scripts that set it themselves
+        checks.append(check_port(default, "torchrun's default MASTER_PORT", severity="WARN"))
+    checks += check_rendezvous(rdzv_endpoint, node_rank)
+    if not quick and not any(c.status == "FAIL" for c in checks):
+        from disttrain.launch.torchrun import default_nproc
+
+        n = nproc or default_nproc("cuda" if torch.cuda.is_available() else "cpu")
+        checks += check_multiprocess(n, nnodes, node_rank, rdzv_endpoint)
+    return checks
+
+
+def report(checks: list[Check], as_json: bool) -> int:
+    failed = any(c.status == "FAIL" for c in checks)
+    if as_json:
+        print(json.dumps({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]}, indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            print(f"{c.status:<4}  {c.name:<{width}}  {c.detail}")
+            if c.fix:
+                print(f"{'':<4}  {'':<{width}}  fix: {c.fix}")
+        print("ready" if not failed else "NOT ready: fix the FAIL lines above")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    worker(sys.argv[2])
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown (rpc/gloo destructors), as disttrain.launch.worker does

@@ -1,0 +1,56 @@
+"""``disttrain run``, the parent's side: resolve the job, write the run folder (``config.toml``,
+``strategy.json``, ``memory_plan.txt``), then start the workers through torchrun (in-process when alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from disttrain.config import JobConfig, to_toml
+from disttrain.launch import worker
+from disttrain.launch.debug_env import debug_env
+from disttrain.launch.resolve import plan_and_resolve
+from disttrain.launch.torchrun import run_torchrun, threads_per_rank, torchrun_argv
+
+
+def make_run_dir(cfg: JobConfig) -> Path:
+    name = cfg.run.name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.parallel.strategy}"
+    path = Path(cfg.run.root) / name
+    if cfg.run.name is None:
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(cfg.run.root) / f"{name}-{n}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def launch_job(cfg: JobConfig) -> int:
+    """``disttrain run``: resolve, write the run folder, start the workers (in-process when alone)."""
+
+    cfg, choice = plan_and_resolve(cfg)
+    run_dir = make_run_dir(cfg)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    (run_dir / "strategy.json").write_text(
+        json.dumps({"strategy": choice.strategy, "reason": choice.reason, "plan": choice.plan_json}, indent=2) + "\n"
+    )
+    if choice.plan_text:
+        (run_dir / "memory_plan.txt").write_text(choice.plan_text + "\n")
+    nproc, device = cfg.parallel.nproc or 1, cfg.parallel.device
+    print(
+        f"disttrain: {cfg.parallel.strategy} on {nproc} {device} process(es) x {cfg.launch.nnodes} node(s); "
+        f"run folder {run_dir}\ndisttrain: strategy {cfg.parallel.strategy}: {choice.reason}",
+        flush=True,
+    )
+
+    os.environ.update(debug_env(cfg.health.debug_presets, run_dir))  # read by the workers' c10d/NCCL at start
+    if nproc == 1 and cfg.launch.nnodes == "1" and cfg.launch.max_restarts == 0:
+        torch.set_num_threads(threads_per_rank(1, device))
+        return worker.main(run_dir)
+    argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
+    return run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)

@@ -1,0 +1,106 @@
+"""Start workers through ``torch.distributed.run`` (torchrun), in-process: local N processes, multi-node,
+elastic restarts. No home-made spawner: torchrun sets RANK/WORLD_SIZE/LOCAL_RANK and supervises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from disttrain.config import LaunchConfig
+from disttrain.errors import ConfigError
+
+
+def device_count(device_type: str) -> int:
+    if device_type == "cuda":
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def default_nproc(device_type: str) -> int:
+    """One process per GPU; 2 on a CPU machine."""
+    return max(torch.cuda.device_count(), 1) if device_type == "cuda" else 2
+
+
+def check_nproc(nproc: int, device_type: str, oversubscribe: bool = False) -> None:
+    have = device_count(device_type)
+    if nproc <= have or (device_type == "cpu" and oversubscribe):
+        return
+    if device_type == "cuda":
+        raise ConfigError(
+            f"parallel.nproc ({nproc}) is larger than the {have} visible GPU(s); "
+            f"use --parallel.nproc {have} or fewer (or check CUDA_VISIBLE_DEVICES)"
+        )
+    raise ConfigError(
+        f"parallel.nproc ({nproc}) is larger than this machine's {have} CPU core(s); use --parallel.nproc {have}, "
+        "or add --parallel.oversubscribe to run more processes than cores (slow, for testing sharding)"
+    )
+
+
+def threads_per_rank(nproc: int, device_type: str) -> int:
+    cores = os.cpu_count() or 1
+    return max(1, cores // nproc) if device_type == "cpu" else max(1, min(8, cores // max(nproc, 1)))
+
+
+def torchrun_argv(
+    nproc: int,
+    launch: LaunchConfig,
+    log_dir: Path | None = None,
+    quiet_ranks: bool = False,
+) -> list[str]:
+    """torchrun options for ``nproc`` processes on this node; ranks > 0 go to files when ``quiet_ranks``."""
+    argv = [f"--nproc-per-node={nproc}", f"--nnodes={launch.nnodes}", f"--max-restarts={launch.max_restarts}"]
+    if launch.rdzv_endpoint:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--node-rank={launch.node_rank}"]
+        argv += [f"--rdzv-id={os.environ.get('DISTTRAIN_RDZV_ID', 'disttrain')}"]
+    else:
+        if launch.nnodes != "1":
+            raise ConfigError(
+                f"launch.nnodes is {launch.nnodes!r} but no launch.rdzv_endpoint is set; "
+                "pass --launch.rdzv-endpoint HOST:PORT (the same on every node)"
+            )
+        argv += ["--standalone"]
+    if log_dir is not None:
+        argv += [f"--log-dir={log_dir}"]
+        if quiet_ranks and nproc > 1:
+            argv += ["--redirects=" + ",".join(f"{r}:3" for r in range(1, nproc))]
+    return argv
+
+
+def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
+    """Run torchrun with ``argv`` (options, then the program); return the job's exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc, device_type)))
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    args = get_args_parser().parse_args(argv)
+    try:
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        where = f"; its log: {failure.error_file}" if failure.error_file and os.path.exists(failure.error_file) else ""
+        print(
+            f"disttrain: rank {rank} failed with exit code {failure.exitcode}{where}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def launch_script(nproc: int | None, launch: LaunchConfig, script: str, script_args: list[str]) -> int:
+    """``disttrain launch -n N script.py ...``: torchrun semantics for a user's own script."""
+    if not Path(script).is_file():
+        raise ConfigError(f"script {script!r} does not exist")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n = nproc or default_nproc(device)
+    check_nproc(n, device, oversubscribe=True)
+    return run_torchrun([*torchrun_argv(n, launch), script, *script_args], n, device)

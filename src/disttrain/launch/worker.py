@@ -1,0 +1,181 @@
+"""One training job from a resolved config: the worker side of ``disttrain run``.
+
+The parent (``disttrain run``) validates the config, makes the run folder and writes ``config.toml``
+there, then starts the workers; each worker runs :func:`main` with that folder. Builds data and model,
+hands them to the :class:`Trainer`, then reports: final validation loss vs the unigram baseline, and a
+few lines of generated text for text models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from disttrain.build import build_data, build_model, vocab_size
+from disttrain.checkpoint.manager import CheckpointManager
+from disttrain.config import JobConfig, load_toml
+from disttrain.data.text import TextData
+from disttrain.dist.env import DistEnv, destroy_distributed, init_distributed
+from disttrain.dist.mesh import ParallelDims
+from disttrain.errors import CheckpointError, ConfigError, HealthError, Terminated
+from disttrain.health.events import record_exit
+from disttrain.health.signals import raise_on_sigterm
+from disttrain.models.gpt import GPT
+from disttrain.train.trainer import FitResult, Trainer
+from disttrain.utils.process import exit_now
+
+log = logging.getLogger("disttrain")
+
+
+def setup_logging(run_dir: Path, rank: int) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.Module | None:
+    """A plain, unsharded copy of the model on rank 0 (collective: every rank must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not trainer.dims.fsdp_enabled:
+        return trainer.model.inner if trainer.env.is_main else None
+    sd = get_model_state_dict(trainer.model.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not trainer.env.is_main:
+        return None
+    plain = build_model(cfg, vocab, on_meta=False)
+    plain.load_state_dict(sd)
+    return plain.to(trainer.env.device)
+
+
+def build_trainer(cfg: JobConfig, env: DistEnv, run_dir: Path) -> tuple[Trainer, TextData | None]:
+    """Data, model (on the meta device when it will be sharded), checkpoint manager and Trainer, sharing one
+    :class:`ParallelDims`."""
+    train, val, text = build_data(cfg)
+    dims = ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size)
+    model = build_model(cfg, vocab_size(train, text), on_meta=dims.fsdp_enabled)
+    ckpt_dir = Path(cfg.checkpoint.folder)
+    ckpt = CheckpointManager(
+        ckpt_dir if ckpt_dir.is_absolute() else run_dir / ckpt_dir,
+        cfg.checkpoint,
+        rank=env.rank,
+        world_size=env.world_size,
+        strategy=dims.strategy,
+    )
+    trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env, checkpoint=ckpt, dims=dims)
+    return trainer, text
+
+
+def save_seed(trainer: Trainer) -> int:
+    """``checkpoint.create_seed``: save the initialised state as step 0 and stop."""
+    ckpt = trainer.checkpoint
+    assert ckpt is not None
+    ckpt.save(0, trainer.state())
+    ckpt.close()
+    if trainer.env.is_main:
+        print(f"seed checkpoint: {ckpt.folder / 'step-00000000'}", flush=True)
+    return 0
+
+
+def summarize(trainer: Trainer, result: FitResult, text: TextData | None, wall_s: float) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "steps": trainer.step,
+        "strategy": trainer.dims.strategy,
+        "world_size": trainer.env.world_size,
+        "final_loss": result.losses[-1],
+        "final_val_loss": result.val_losses.get(trainer.step),
+        "skipped_steps": result.skipped_steps,
+        "tokens_per_s": result.tokens_per_s,
+        "mfu": result.mfu,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "wall_s": wall_s,
+    }
+    if text is not None:
+        summary["unigram_val_loss"] = text.unigram_loss()
+    return summary
+
+
+def sample_text(trainer: Trainer, cfg: JobConfig, text: TextData | None) -> str:
+    """A few generated characters from the trained built-in GPT (collective; '' elsewhere)."""
+    if text is None or cfg.train.generate_chars <= 0 or not isinstance(trainer.model.inner, GPT):
+        return ""
+    plain = full_model_for_sampling(trainer, cfg, text.tokenizer.vocab_size)
+    if plain is None:
+        return ""
+    assert isinstance(plain, GPT)
+    prompt = text.tokenizer.encode("\n").view(1, 1).to(trainer.env.device)
+    with trainer.model.autocast():
+        out = plain.generate(prompt, cfg.train.generate_chars, seed=cfg.train.seed)
+    return text.tokenizer.decode(out[0, 1:].tolist())
+
+
+def report(run_dir: Path, summary: dict[str, Any], sample: str, has_text: bool) -> None:
+    """Rank 0: write ``summary.json`` (and ``sample.txt``) and print the closing lines."""
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [
+        f"done: {summary['steps']} steps in {summary['wall_s']:.0f}s | final val loss "
+        f"{summary['final_val_loss']:.4f}"
+        + (f" (unigram baseline {summary['unigram_val_loss']:.4f})" if has_text else "")
+        + f" | skipped steps {summary['skipped_steps']}"
+    ]
+    if sample:
+        (run_dir / "sample.txt").write_text(sample)
+        lines += ["--- sample ---", sample, "--------------"]
+    lines.append(f"run folder: {run_dir}")
+    for line in lines:
+        print(line, flush=True)
+        log.info(line)
+
+
+def train_job(cfg: JobConfig, env: DistEnv, run_dir: Path) -> int:
+    t_start = time.time()
+    trainer, text = build_trainer(cfg, env, run_dir)
+    if cfg.checkpoint.create_seed:
+        return save_seed(trainer)
+    result = trainer.fit()
+    summary = summarize(trainer, result, text, time.time() - t_start)
+    sample = sample_text(trainer, cfg, text)
+    if env.is_main:
+        report(run_dir, summary, sample, text is not None)
+    return 0
+
+
+def main(run_dir: str | Path) -> int:
+    """Run the job in ``run_dir``; exit codes: 0 done, 2 a mistake in the job, 3 stopped on purpose."""
+    run_dir = Path(run_dir)
+    raise_on_sigterm()
+    cfg = load_toml(run_dir / "config.toml")
+    # long collective timeout for the start-up; the Trainer sets parallel.timeout_s after the first step
+    env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
+    setup_logging(run_dir, env.rank)
+    try:
+        return train_job(cfg, env, run_dir)
+    except (ConfigError, CheckpointError) as e:
+        if env.is_main:
+            print(f"disttrain: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except HealthError as e:
+        record_exit(run_dir, env.rank, f"stopped: {e}")
+        if env.is_main:
+            print(f"disttrain: stopped: {e}", file=sys.stderr, flush=True)
+        return 3
+    except Terminated as e:  # torchrun stopping this rank because another one failed: a note, no traceback
+        record_exit(run_dir, env.rank, str(e))
+        return 128 + signal.SIGTERM
+    except BaseException as e:  # noted for the restart log, then torchrun sees the failure
+        record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        destroy_distributed()
+
+
+if __name__ == "__main__":
+    exit_now(main(sys.argv[1]))

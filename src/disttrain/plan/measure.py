@@ -1,0 +1,249 @@
+"""Measured memory per rank, to hold the plan (``memory.py``) to account.
+
+Exact accounting, not sampling, for what the plan predicts exactly: after an optimizer step (before
+``zero_grad``) every rank sums the storage its tensors really hold — parameters, ``.grad``, AdamW state —
+counting a DTensor by its local shard and a storage shared by several tensors once (FSDP2's padded
+shards, DDP's bucket views), so padding shows. Activations are the bytes autograd saves in one forward
+(saved-tensor hooks, each storage once, parameters excluded). The peak is the CUDA allocator's
+``max_memory_allocated`` or, on CPU, the process RSS peak (sampled every millisecond) above the RSS
+before the model was built.
+
+``disttrain estimate --measure`` calls :func:`measure` (one launch per strategy, so that every RSS peak
+starts from a fresh process); the workers run this module under torchrun.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from disttrain.config import JobConfig, from_dict, to_dict
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class Ledger:
+    """Bytes by category; a storage seen before (in any category) is not counted again."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.storage: dict[str, int] = {}
+
+    def add(self, category: str, tensors: Sequence[torch.Tensor]) -> None:
+        self.storage.setdefault(category, 0)
+        for t in tensors:
+            st = _local(t).untyped_storage()
+            if st.data_ptr() not in self.seen and st.nbytes() > 0:
+                self.seen.add(st.data_ptr())
+                self.storage[category] += st.nbytes()
+
+
+def account(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Storage bytes this rank holds for parameters, gradients and optimizer state."""
+    params = list(model.parameters())
+    ledger = Ledger()
+    ledger.add("params", params)
+    ledger.add("grads", [p.grad for p in params if p.grad is not None])
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    ledger.add("optimizer", state)
+    return ledger.storage
+
+
+class SavedBytes:
+    """Bytes autograd saves for backward while active, each storage once. Weights are left out: the
+    parameters themselves, and tensors of a parameter's full shape (FSDP's gathered parameters, autocast's
+    low-precision copies), which the plan counts as 'gathered / low-precision copies'."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.exclude = {_local(p).untyped_storage()._cdata for p in model.parameters()}
+        self.weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() >= 2}
+        if isinstance(model, FSDPModule):  # DTensor shapes are the full (global) ones already
+            self.weight_shapes |= {tuple(p.shape) for p in model.parameters()}
+        self.seen: dict[int, int] = {}  # saved tensors stay alive through forward: their keys are unique
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        key = st._cdata  # the storage itself: alive while saved, so never confused with a newer one
+        if key in self.exclude or (t.dim() >= 2 and tuple(t.shape) in self.weight_shapes):
+            return t
+        self.seen.setdefault(key, st.nbytes())
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+    def __enter__(self) -> SavedBytes:
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+
+
+def _trim_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``), so that what the next strategy
+    allocates shows in the RSS instead of reusing what the previous one freed (a tiny model's tensors are all
+    below the mmap threshold: without this its RSS peak could read 0)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
+
+
+class RssPeak:
+    """Peak resident set size of this process, sampled every millisecond in a thread."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self.peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+
+def _step(trainer: Any, keep_grads: bool, saved: SavedBytes | None = None) -> None:
+    """``Trainer.train_step`` up to ``optimizer.step()``; without ``zero_grad`` when ``keep_grads``."""
+    micro = trainer.loader.next_step()
+    for i, batch in enumerate(micro):
+        x, y = trainer._to_device(batch)
+        with trainer.model.sync(i == len(micro) - 1):
+            with trainer.model.autocast():
+                if saved is not None and i == 0:
+                    with saved:
+                        loss = trainer.loss_fn(trainer.model(x), y)
+                else:
+                    loss = trainer.loss_fn(trainer.model(x), y)
+            (loss / len(micro)).backward()
+    trainer.model.clip_grad_norm_(trainer.cfg.optim.grad_clip)
+    trainer.optimizer.step()
+    if not keep_grads:
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2) -> dict[str, Any]:
+    """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank; its measured bytes."""
+    from disttrain.build import build_data, build_model, vocab_size
+    from disttrain.dist.mesh import SHARDED
+    from disttrain.train.trainer import Trainer
+
+    offload = strategy == "fsdp_offload"
+    name = {"fsdp_offload": "fsdp", "fsdp_no_reshard": "fsdp"}.get(strategy, strategy)
+    parallel = dataclasses.replace(cfg.parallel, strategy=name, offload=offload)  # type: ignore[arg-type]
+    if strategy == "fsdp_no_reshard":
+        parallel = dataclasses.replace(parallel, reshard_after_forward="never")
+    cfg = dataclasses.replace(cfg, parallel=parallel)
+    train, _, text = build_data(cfg)
+    vocab = vocab_size(train, text)
+    gc.collect()
+    _trim_heap()
+    cuda = env.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    with RssPeak() as rss:
+        base_rss = rss.peak
+        model = build_model(cfg, vocab, on_meta=name in SHARDED)
+        trainer = Trainer(model, train, cfg, env=env)
+        for _ in range(max(steps - 1, 0)):
+            _step(trainer, keep_grads=False)
+        saved = SavedBytes(trainer.model.module)
+        _step(trainer, keep_grads=True, saved=saved)
+        acc = account(trainer.model.module, trainer.optimizer)
+    peak = torch.cuda.max_memory_allocated() - base if cuda else rss.peak - base_rss
+    out = {
+        "strategy": strategy,
+        **acc,
+        "activations_saved": saved.total,
+        "peak": int(peak),
+        "peak_source": "cuda max_memory_allocated" if cuda else "process RSS peak",
+    }
+    del trainer, model
+    gc.collect()
+    return out
+
+
+def measure(cfg: JobConfig, nproc: int, strategies: list[str], steps: int = 2, timeout: float = 600) -> dict[str, Any]:
+    """One launch of ``nproc`` ranks per strategy; per strategy, the largest rank's figures."""
+    from disttrain.launch.torchrun import threads_per_rank
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="disttrain-measure-") as tmp:
+        for s in strategies:
+            spec = Path(tmp) / f"{s}.json"
+            spec.write_text(json.dumps({"config": to_dict(cfg), "strategies": [s], "steps": steps, "out": tmp}))
+            device = cfg.parallel.device if cfg.parallel.device != "auto" else "cpu"
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(nproc, device))}
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            # glibc keeps freed blocks resident once its mmap threshold has grown: fix the threshold so that
+            # large tensors are mmap'd and unmapped, and the RSS peak follows the live tensors
+            env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+            proc = subprocess.run(
+                [*argv, "-m", "disttrain.plan.measure", str(spec)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+                results[s] = {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+                continue
+            ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text())[s] for r in range(nproc)]
+            results[s] = max(ranks, key=lambda r: r["params"] + r["grads"] + r["optimizer"])
+    return results
+
+
+def worker(spec_path: str) -> None:
+    from disttrain.dist.env import destroy_distributed, init_distributed
+
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = from_dict(spec["config"])
+    env = init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
+    out = {s: measure_strategy(cfg, s, env, spec.get("steps", 2)) for s in spec["strategies"]}
+    Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(out))
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
+    sys.stdout.flush()
+    time.sleep(0)
+    os._exit(0)  # skip interpreter teardown (gloo/DDP destructors can deadlock there; see job.py)

@@ -1,0 +1,55 @@
+"""The optimizer (AdamW, decay on matrices only), the warmup + cosine LR schedule, and the fp16 grad scaler."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from disttrain.config import JobConfig
+from disttrain.dist.mesh import ParallelDims
+
+
+def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not biases, norms, embeddings)."""
+    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and id(p) not in emb else no_decay).append(p)
+    o = cfg.optim
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # fused is ~7% faster per step on CPU, but fails on FSDP's DTensor parameters in torch 2.13 (step shape)
+    fused = not any(isinstance(p, DTensor) for p in decay + no_decay)
+    return torch.optim.AdamW(
+        groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None, foreach=None if fused else True
+    )
+
+
+def lr_lambda(cfg: JobConfig) -> Callable[[int], float]:
+    """Linear warmup to the peak, then cosine decay to ``min_lr_ratio`` x peak at the last step."""
+    warm, total, floor = cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        span = max(total - warm - 1, 1)
+        progress = min((step - warm) / span, 1.0)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
+    if dtype != "fp16":
+        return None
+    if dims.fsdp_enabled:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type)

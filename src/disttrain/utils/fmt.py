@@ -1,0 +1,13 @@
+"""Human-readable sizes for tables and messages."""
+
+from __future__ import annotations
+
+_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def fmt_bytes(n: float, digits: int = 2) -> str:
+    """``1536`` -> ``'1.50 KiB'`` (``digits`` decimals); below 1 KiB a whole number of bytes."""
+    for unit, size in _UNITS:
+        if abs(n) >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,262 @@
+"""Health and fault tolerance, with faults injected on purpose (DISTTRAIN_FAULT, see disttrain.health):
+a hung rank is named, its stacks dumped and the job restarted from the last checkpoint; NaN steps are
+skipped, then rolled back; a slow rank is named a straggler; `doctor` says what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from disttrain.checkpoint import CheckpointManager
+from disttrain.config import HealthConfig, from_dict
+from disttrain.data.text import load_text_data
+from disttrain.errors import ConfigError, HealthError, Terminated
+from disttrain.health import HealthMonitor, StepGuard, raise_on_sigterm
+from disttrain.health import monitor as health
+from disttrain.launch import doctor
+from disttrain.launch.debug_env import debug_env
+from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.train.trainer import Trainer
+from disttrain.utils import faults
+
+from conftest import disttrain
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def tiny_run(data: Path, root: Path, name: str, steps: int, *extra: str) -> list[str]:
+    return [
+        "run", "--data.path", str(data), "--model.n-layers", "2", "--model.d-model", "64", "--model.n-heads", "4",
+        "--model.context", "32", "--train.steps", str(steps), "--train.global-batch", "16", "--train.micro-batch",
+        "8", "--train.eval-interval", "0", "--train.generate-chars", "0", "--precision.dtype", "fp32",
+        "--metrics.log-interval", "1", "--metrics.peak-tflops", "1", "--run.root", str(root), "--run.name", name,
+        "--health.heartbeat-s", "0.25", *extra,
+    ]  # fmt: skip
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    path = run / "health" / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+# -- hangs ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_hung_rank_is_named_its_stacks_dumped_and_the_job_exits(tmp_path: Path, small_text: Path) -> None:
+    t0 = time.perf_counter()
+    proc = disttrain(
+        *tiny_run(small_text, tmp_path, "h", 6, "--health.hang-timeout-s", "3", "--checkpoint.interval", "0"),
+        env={"DISTTRAIN_FAULT": "hang:3:1"},  # rank 1 sleeps in the forward of step 3
+        timeout=120,
+    )
+    took = time.perf_counter() - t0
+    assert proc.returncode != 0
+    assert took < 90, f"the watchdog took {took:.0f}s"  # ~3 s of hang + start-up; never an endless hang
+    msg = "hang: rank 1 made no progress for"
+    assert msg in proc.stderr and "in phase 'forward' of step 3" in proc.stderr, proc.stderr[-3000:]
+    (hang,) = [e for e in events(tmp_path / "h") if e["event"] == "hang"]
+    assert hang["stuck"] == [{"rank": 1, "step": 3, "phase": "forward", "idle_s": hang["stuck"][0]["idle_s"]}]
+    assert 3.0 <= hang["stuck"][0]["idle_s"] < 10 and hang["waiting"] == [0]
+    stacks = tmp_path / "h" / "health" / "stacks"
+    rank1 = (stacks / "attempt0-rank1.txt").read_text()
+    assert "in inject_faults" in rank1 and "in train_step" in rank1 and "in fit" in rank1  # the sleeping frame
+    assert "disttrain-health" in rank1 or "_on_verdict" in rank1  # every thread is there, the watchdog's too
+    assert "in train_step" in (stacks / "attempt0-rank0.txt").read_text()  # rank 0 waits inside its step
+    assert not list(stacks.glob("*backstop*")), "the faulthandler backstop files are removed when unused"
+
+
+@pytest.mark.slow
+def test_a_hang_on_the_first_attempt_restarts_and_resumes(tmp_path: Path, small_text: Path) -> None:
+    extra = ["--health.hang-timeout-s", "3", "--checkpoint.interval", "4", "--max-restarts", "1"]
+    proc = disttrain(*tiny_run(small_text, tmp_path, "r", 8, *extra), env={"DISTTRAIN_FAULT": "hang:6:1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "step-00000004" in proc.stdout, proc.stdout[-3000:]
+    assert "restart 1: previous attempt ended by hang: rank 1" in proc.stdout, (
+        proc.stdout[-3000:],
+        proc.stderr[-3000:],
+    )
+    kinds = [(e["event"], e["attempt"]) for e in events(tmp_path / "r")]
+    assert kinds == [("hang", 0), ("restart", 1)], events(tmp_path / "r")
+    restart = events(tmp_path / "r")[1]
+    assert restart["resumed_from"] == 4 and restart["previous_attempt"] == 0
+    assert restart["ranks"]["1"]["phase"] == "forward" and restart["ranks"]["1"]["step"] == 5  # 5 steps were done
+    steps = [json.loads(x)["step"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 8 and 5 in steps[steps.index(5) + 1 :]  # steps 5.. ran again after the resume
+
+
+# -- bad steps -----------------------------------------------------------------------------------------------
+def make_trainer(small_text: Path, tmp: Path, steps: int, **health: Any) -> Trainer:
+    cfg = from_dict(
+        {
+            "model": {"context": 32},
+            "data": {"path": str(small_text)},
+            "train": {"steps": steps, "global_batch": 8, "micro_batch": 8, "eval_interval": 0, "seed": 3},
+            "optim": {"warmup_steps": 2},
+            "parallel": {"strategy": "single", "device": "cpu"},
+            "precision": {"dtype": "fp32"},
+            "metrics": {"progress": "off", "peak_tflops": 1.0},
+            "checkpoint": {"interval": 3, "async_mode": "off", "keep_latest": 5},
+            "health": {"heartbeat_s": 0.2, **health},
+        }
+    )
+    text = load_text_data(str(small_text), 32, 0.1)
+    model = GPT(GPTConfig(text.tokenizer.vocab_size, n_layers=1, d_model=32, n_heads=2, context=32), seed=3)
+    ckpt = CheckpointManager(tmp / "checkpoints", cfg.checkpoint)
+    return Trainer(model, text.train, cfg, run_dir=tmp, checkpoint=ckpt)
+
+
+def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
+    tmp_path: Path, small_text: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(faults, "_FIRED", set())
+    # one NaN at step 2 (skipped, training goes on); three in a row at 7-9 (rolled back to step 6)
+    monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:7:0,nan:8:0,nan:9:0")
+    trainer = make_trainer(small_text, tmp_path, 12, max_bad_steps=3, rollback_lr_factor=0.5)
+    lr_before = trainer.scheduler.base_lrs[0]
+    res = trainer.fit()
+    assert trainer.step == 12 and trainer.guard.bad_steps == 4 and trainer.guard.rollbacks == 1
+    assert [x != x for x in res.losses] == [False, True] + [False] * 4 + [True] * 3 + [False] * 6
+    (rb,) = [e for e in events(tmp_path) if e["event"] == "rollback"]
+    assert rb["from_step"] == 9 and rb["to_step"] == 6 and rb["lr_factor"] == 0.5
+    assert trainer.scheduler.base_lrs[0] == pytest.approx(lr_before * 0.5)
+    assert trainer.loader.position == (9 + 6) * 8  # the data of the bad steps is not replayed
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["bad_steps"] == 4 and records[-1]["rollbacks"] == 1
+    assert sum(r["nonfinite"] for r in records) == 4
+
+
+def test_bad_steps_can_stop_the_run_with_a_message(
+    tmp_path: Path, small_text: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(faults, "_FIRED", set())
+    monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:3:0")
+    trainer = make_trainer(small_text, tmp_path, 6, max_bad_steps=2, on_bad_steps="stop")
+    with pytest.raises(HealthError, match=r"2 bad steps in a row .* up to step 3; health.on_bad_steps is stop"):
+        trainer.fit()
+
+
+def test_the_spike_guard_compares_with_a_rolling_median() -> None:
+    guard = StepGuard(HealthConfig(spike_rtol=0.5, spike_window=10))
+    for loss in [3.0, 2.9, 3.1, 2.8, 3.0, 2.9, 3.0, 3.05, 2.95, 3.0]:
+        assert guard.check(loss, 1.0) is None
+        guard.record(None, loss)
+    assert guard.check(4.4, 1.0) is None  # < 1.5 x median 3.0
+    assert guard.check(4.6, 1.0) == "spike"
+    assert guard.check(3.0, float("inf")) == "nonfinite"
+    assert StepGuard(HealthConfig(spike_rtol=0)).check(1e9, 1.0) is None  # off
+
+
+def test_the_fault_hook_costs_the_same_at_any_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inject_faults runs every step: it used to try slow:<k>:<r> for every k <= step (35 ms per step at
+    step 10,000, without any DISTTRAIN_FAULT set)."""
+    calls: list[tuple[Any, ...]] = []
+    real = health.fault_matches
+
+    def counted(*args: Any, **kwargs: Any) -> bool:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(health, "fault_matches", counted)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("DISTTRAIN_FAULT", raising=False)
+    mon = HealthMonitor(HealthConfig(), 0, 2, None, 600.0)
+    mon.inject_faults(100_000)
+    monkeypatch.setenv("DISTTRAIN_FAULT", "slow:7:1,nan:3:0")
+    mon.inject_faults(100_000)
+    assert len(calls) <= 3
+    assert mon._burned == 0  # rank 1's fault
+    # the slow fault still holds from its step on, on its own rank
+    monkeypatch.setenv("DISTTRAIN_FAULT", "slow:7:0")
+    mon._clean_cpu = 0.005
+    mon.inject_faults(6)
+    assert mon._burned == 0
+    mon.inject_faults(100_000)
+    assert mon._burned >= 0.01
+
+
+# -- stragglers ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_slow_rank_is_named_a_straggler(tmp_path: Path, small_text: Path) -> None:
+    extra = ["--health.straggler-interval", "4", "--checkpoint.interval", "0", "--checkpoint.save-final", "none"]
+    proc = disttrain(*tiny_run(small_text, tmp_path, "s", 24, *extra), env={"DISTTRAIN_FAULT": "slow:5:1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    named = [e for e in events(tmp_path / "s") if e["event"] == "straggler"]
+    assert named and {e["rank"] for e in named if e["steps"][0] >= 5} == {1}, named
+    assert "compute" in named[-1]["detail"]
+    records = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["stragglers"] == [1]
+    fast, slow = records[-1]["rank_compute_s"]
+    assert slow > 2 * fast  # made 3x slower
+    assert "straggler: rank 1" in (tmp_path / "s" / "logs" / "rank0.log").read_text()
+
+
+# -- doctor, config, presets ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_doctor_passes_on_this_machine() -> None:
+    proc = disttrain("doctor", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and not [c for c in report["checks"] if c["status"] == "FAIL"]
+    names = {c["name"] for c in report["checks"]}
+    assert {"python", "torch", "gloo", "port", "rendezvous", "gloo bandwidth", "rpc"} <= names
+
+
+def test_doctor_fails_on_a_taken_port_and_an_unreachable_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        checks = doctor.run_checks(port=port, quick=True)
+        (bad,) = [c for c in checks if c.status == "FAIL"]
+        assert bad.name == "port" and f"{port} is already in use" in bad.detail and "another port" in bad.fix
+        proc = disttrain("doctor", "--quick", "--port", str(port), timeout=60)
+        assert proc.returncode == 1 and "FAIL  port" in proc.stdout and "fix:" in proc.stdout
+    closed = port  # nothing listens there any more
+    (rdzv,) = doctor.check_rendezvous(f"127.0.0.1:{closed}", node_rank=1, timeout_s=1)
+    assert rdzv.status == "FAIL" and "cannot reach" in rdzv.detail and "start node 0 first" in rdzv.fix
+    (dns,) = doctor.check_rendezvous("no-such-host.invalid:29400", node_rank=1)
+    assert dns.status == "FAIL" and "cannot resolve" in dns.detail
+    assert doctor.report([*checks[:2], rdzv], as_json=False) == 1
+    assert "NOT ready" in capsys.readouterr().out
+
+
+def test_health_config_errors_and_debug_presets(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"health.debug: unknown preset\(s\) \['comm'\]; use comms"):
+        HealthConfig(debug="comm")
+    with pytest.raises(ConfigError, match=r"hang_timeout_s \(1.0\) must be > 2 x health.heartbeat_s \(2.0\)"):
+        HealthConfig(hang_timeout_s=1.0)
+    assert HealthConfig(debug="comms,anomaly").debug_presets == {"comms", "anomaly"}
+    env = debug_env({"comms"}, tmp_path)
+    assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(str(tmp_path / "health" / "flight_recorder"))
+    assert debug_env({"anomaly"}, tmp_path) == {}
+    proc = disttrain("run", "--debug", "nccl", "--print-config", timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown preset" in proc.stderr
+
+
+def test_anomaly_preset_turns_on_autograd_anomaly_detection(tmp_path: Path, small_text: Path) -> None:
+    try:
+        make_trainer(small_text, tmp_path, 1, debug="anomaly")
+        assert torch.is_anomaly_enabled()
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+
+
+def test_sigterm_becomes_an_exception_the_rank_can_note() -> None:
+    # torchrun stops the surviving ranks with SIGTERM: each must leave a note (record_exit), not vanish like
+    # the rank that really failed
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        raise_on_sigterm()
+        with pytest.raises(Terminated, match="stopped by the launcher"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at the next bytecode, long before this ends
+    finally:
+        signal.signal(signal.SIGTERM, before)
