@@ -8,6 +8,7 @@ the *same* round before taking the median; they are the figures the benchmarks r
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -62,6 +63,35 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
+def print_machine() -> None:
+    """One line: date, CPU, cores, torch and the load average now."""
+    m = machine()
+    print(f"{m['date']}: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, load average {m['load_avg_1m']:.2f}")
+
+
+# -- options and jobs ---------------------------------------------------------------------------------
+def add_gpt_args(
+    p: argparse.ArgumentParser, *, layers: int, width: int, heads: int, context: int, micro_batch: int
+) -> None:
+    """``--layers --width --heads --context --micro-batch``: the shape of a benchmark's GPT and its micro-batch."""
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--width", type=int, default=width)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--context", type=int, default=context)
+    p.add_argument("--micro-batch", type=int, default=micro_batch)
+
+
+def gpt_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The ``model`` section of a job config from the options of ``add_gpt_args``."""
+    return {"n_layers": args.layers, "d_model": args.width, "n_heads": args.heads, "context": args.context}
+
+
+def fit_for(trainer: Any, n: int) -> Any:
+    """``trainer.fit()`` for ``n`` more steps (one block): ``fit()`` runs until step ``train.steps``."""
+    trainer.cfg.train.steps = trainer.step + n
+    return trainer.fit()
+
+
 # -- timing -------------------------------------------------------------------------------------------
 def interleave(
     variants: dict[str, Callable[[int], Any]],
@@ -105,6 +135,11 @@ def slowest_rank(times: dict[str, list[float]]) -> dict[str, list[float]]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, times)
     return {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
+
+
+def slowest_per_round(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """From each rank's ``{variant: [time of each round]}``, per variant and round the slowest rank's time."""
+    return {n: [max(r[n][i] for r in per_rank) for i in range(len(per_rank[0][n]))] for n in per_rank[0]}
 
 
 def median(xs: Sequence[float]) -> float:

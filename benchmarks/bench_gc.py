@@ -51,11 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20, help="untimed steps per variant before the rounds")
     p.add_argument("--interval", type=int, default=50, help="gc_interval of the scheduled variant")
     p.add_argument("--repeats", type=int, default=5, help="part 1: collections timed per figure")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--context", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=8)
+    C.add_gpt_args(p, layers=2, width=128, heads=4, context=256, micro_batch=8)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)  # set for the workers
     return p.parse_args(argv)
 
@@ -70,7 +66,7 @@ def make_trainer(args: argparse.Namespace, env: Any) -> Any:
     text = load_text_data(None, args.context, 0.1)
     cfg = from_dict(
         {
-            "model": {"n_layers": args.layers, "d_model": args.width, "n_heads": args.heads, "context": args.context},
+            "model": C.gpt_shape(args),
             "train": {
                 "steps": 1,
                 "global_batch": args.micro_batch * env.world_size,
@@ -200,7 +196,7 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def report(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+def print_pauses(ranks: list[dict[str, Any]], args: argparse.Namespace) -> None:
     C.table(
         ["rank", "objects tracked", "full collect ms", "after freeze ms", "objects frozen", "ratio"],
         [
@@ -216,46 +212,53 @@ def report(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
         ],
         title=f"\n1. Pause of one gc.collect() after set-up, median of {args.repeats} (ratio = after freeze / full)",
     )
+
+
+def variant_figures(ranks: list[dict[str, Any]], k: str, per_step: dict[str, list[float]]) -> dict[str, Any]:
+    """Variant ``k``'s figures: its step time against the automatic collector's, its steps, its collections."""
+    ratio = C.paired_ratio(per_step[k], per_step["automatic"])
+    lo, hi = C.spread([a / b for a, b in zip(per_step[k], per_step["automatic"], strict=True)])
+    steps = [[s for b in d["blocks"][k] for s in b["steps_s"]] for d in ranks]
+    return {
+        "ms_per_step_median": C.median(per_step[k]) * 1e3,
+        "ratio_vs_automatic": ratio,
+        "iqr": [lo, hi],
+        "step_ms_p50": max(C.median(s) for s in steps) * 1e3,
+        "step_ms_p99": max(pct(s, 0.99) for s in steps) * 1e3,
+        "step_ms_max": max(max(s) for s in steps) * 1e3,
+        "gen2_per_block": [C.median([b["gen2"] for b in d["blocks"][k]]) for d in ranks],
+        "gen2_total": [sum(b["gen2"] for b in d["blocks"][k]) for d in ranks],
+        "collections_total": [sum(b["collections"] for b in d["blocks"][k]) for d in ranks],
+        "gen2_ms_per_block": max(C.median([b["gen2_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3,
+        "gc_ms_per_block": max(C.median([b["gc_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3,
+        "outside_steps_ms": max(C.median([b["outside_steps_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3,
+        "s_per_step_slowest_rank": per_step[k],
+    }
+
+
+def variant_row(label: str, f: dict[str, Any]) -> list[Any]:
+    lo, hi = f["iqr"]
+    return [
+        label,
+        f["ms_per_step_median"],
+        f["ratio_vs_automatic"],
+        f"{lo:.3f}-{hi:.3f}",
+        f["step_ms_p50"],
+        f["step_ms_p99"],
+        f["step_ms_max"],
+        " / ".join(str(n) for n in f["gen2_total"]),
+        " / ".join(str(n) for n in f["collections_total"]),
+        f["gen2_ms_per_block"],
+        f["gc_ms_per_block"],
+        f["outside_steps_ms"],
+    ]
+
+
+def report(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    print_pauses(ranks, args)
     names = {"scheduled": f"gc_interval={args.interval}", "automatic": "gc_interval=0 (automatic)"}
     per_step = {k: [max(d["blocks"][k][i]["s_per_step"] for d in ranks) for i in range(args.rounds)] for k in names}
-    results: dict[str, Any] = {}
-    rows = []
-    for k, label in names.items():
-        ratio = C.paired_ratio(per_step[k], per_step["automatic"])
-        lo, hi = C.spread([a / b for a, b in zip(per_step[k], per_step["automatic"], strict=True)])
-        steps = [[s for b in d["blocks"][k] for s in b["steps_s"]] for d in ranks]
-        f = {
-            "ms_per_step_median": C.median(per_step[k]) * 1e3,
-            "ratio_vs_automatic": ratio,
-            "iqr": [lo, hi],
-            "step_ms_p50": max(C.median(s) for s in steps) * 1e3,
-            "step_ms_p99": max(pct(s, 0.99) for s in steps) * 1e3,
-            "step_ms_max": max(max(s) for s in steps) * 1e3,
-            "gen2_per_block": [C.median([b["gen2"] for b in d["blocks"][k]]) for d in ranks],
-            "gen2_total": [sum(b["gen2"] for b in d["blocks"][k]) for d in ranks],
-            "collections_total": [sum(b["collections"] for b in d["blocks"][k]) for d in ranks],
-            "gen2_ms_per_block": max(C.median([b["gen2_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3,
-            "gc_ms_per_block": max(C.median([b["gc_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3,
-            "outside_steps_ms": max(C.median([b["outside_steps_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3,
-            "s_per_step_slowest_rank": per_step[k],
-        }
-        results[k] = f
-        rows.append(
-            [
-                label,
-                f["ms_per_step_median"],
-                ratio,
-                f"{lo:.3f}-{hi:.3f}",
-                f["step_ms_p50"],
-                f["step_ms_p99"],
-                f["step_ms_max"],
-                " / ".join(str(n) for n in f["gen2_total"]),
-                " / ".join(str(n) for n in f["collections_total"]),
-                f["gen2_ms_per_block"],
-                f["gc_ms_per_block"],
-                f["outside_steps_ms"],
-            ]
-        )
+    results = {k: variant_figures(ranks, k, per_step) for k in names}
     C.table(
         [
             "variant",
@@ -271,7 +274,7 @@ def report(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
             "all GC ms/block",
             "fit() outside steps ms",
         ],
-        rows,
+        [variant_row(label, results[k]) for k, label in names.items()],
         title=(
             f"\n2. Training: Trainer.fit(), {args.nproc} ranks DDP, GPT {args.layers}x{args.width} ctx {args.context} "
             f"micro-batch {args.micro_batch}; {args.rounds} rounds x {args.steps_per_block} steps per block; "
@@ -289,8 +292,7 @@ def main(argv: list[str]) -> None:
         worker(args)
         return
     t_start = time.perf_counter()
-    m = C.machine()
-    print(f"{m['date']}: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, load average {m['load_avg_1m']:.2f}")
+    C.print_machine()
     ranks = C.launch_and_collect(args.nproc, Path(__file__), argv)
     results = report(ranks, args)
     wall = time.perf_counter() - t_start

@@ -124,19 +124,12 @@ def direct_costs(cfg: Any, rank: int, world: int, calls: int = 200) -> dict[str,
     return out
 
 
-def worker(args: argparse.Namespace) -> None:
-    import dataclasses
-
+def make_trainers(args: argparse.Namespace, env: Any, text: Any) -> dict[str, Any]:
+    """The four variants' Trainers, on the same GPT (same seed), in the order a round runs them (rotated)."""
     from disttrain.config import JobConfig, from_dict
-    from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
-    from disttrain.health import HealthMonitor
     from disttrain.models.gpt import GPT, GPTConfig
     from disttrain.train.trainer import Trainer
 
-    C.one_thread()
-    env = init_distributed("cpu", threads=1)
-    text = load_text_data(None, 128, 0.1)
     base = {
         "model": {"n_layers": 4, "d_model": 256, "n_heads": 4, "context": 128},
         "train": {"steps": 10_000, "global_batch": 16, "micro_batch": 8, "eval_interval": 0},
@@ -157,14 +150,25 @@ def worker(args: argparse.Namespace) -> None:
         "on-0.1s": make(heartbeat_s=0.1),
     }
     trainers["none"].health = _NoHealth()  # type: ignore[assignment]
+    return trainers
 
-    def steps(t: Trainer, n: int) -> None:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            t.train_step()
-            t.health.step_done(t.step, time.perf_counter() - t0)
 
-    def fresh_monitor(t: Trainer) -> None:
+def steps(t: Any, n: int) -> None:
+    """``n`` training steps, each reported to the trainer's health monitor as ``fit()`` does."""
+    for _ in range(n):
+        t0 = time.perf_counter()
+        t.train_step()
+        t.health.step_done(t.step, time.perf_counter() - t0)
+
+
+def interleaved_blocks(trainers: dict[str, Any], args: argparse.Namespace, env: Any) -> dict[str, list[float]]:
+    """Seconds per step of every (variant, round); an ``on`` variant gets a fresh HealthMonitor before each
+    block and closes it after, outside the timed part."""
+    import dataclasses
+
+    from disttrain.health import HealthMonitor
+
+    def fresh_monitor(t: Any) -> None:
         cfg = t.cfg.health
         t.health = HealthMonitor(dataclasses.replace(cfg), env.rank, env.world_size, None, 600.0)
         t.health.start()
@@ -185,21 +189,25 @@ def worker(args: argparse.Namespace) -> None:
             times[name].append((time.perf_counter() - t0) / args.steps_per_block)
             if name.startswith("on"):
                 t.health.close()
+    return times
+
+
+def worker(args: argparse.Namespace) -> None:
+    from disttrain.data.text import load_text_data
+    from disttrain.dist.env import init_distributed
+
+    C.one_thread()
+    env = init_distributed("cpu", threads=1)
+    text = load_text_data(None, 128, 0.1)
+    trainers = make_trainers(args, env, text)
+    times = interleaved_blocks(trainers, args, env)
     direct = direct_costs(trainers["on"].cfg.health, env.rank, env.world_size)
     C.write_rank_result(args.out, env.rank, {"times": times, "direct": direct})
     C.finish_worker()
 
 
-def main(argv: list[str]) -> None:
-    args = parse_args(argv)
-    if C.is_worker():
-        worker(args)
-        return
-    args.dtype = pick_dtype(args.dtype)
-    fwd = ["--rounds", str(args.rounds), "--steps-per-block", str(args.steps_per_block), "--warmup", str(args.warmup)]
-    fwd += ["--dtype", args.dtype]
-    ranks = C.launch_and_collect(args.nproc, Path(__file__), fwd)
-    times = ranks[0]["times"]  # the ranks are in lockstep (DDP): rank 0's clock is the job's
+def report_steps(times: dict[str, list[float]], args: argparse.Namespace) -> dict[str, Any]:
+    """The step-time table (rank 0's clock: the ranks are in lockstep under DDP) and the goal's verdict."""
     rows, results = [], {}
     for name, ts in times.items():
         ratio = C.paired_ratio(ts, times["none"])
@@ -213,27 +221,39 @@ def main(argv: list[str]) -> None:
     )
     on = results["on"]["ratio_vs_none"]
     print(f"goal: on / none < {GOAL}: {C.verdict(on, GOAL, higher_is_better=False)} ({on:.4f})")
+    return results
+
+
+def direct_row(r: int, d: dict[str, float], step_s: float) -> list[Any]:
+    """Rank ``r``'s direct costs (and, into ``d``, the cost of one heartbeat period)."""
+    period_wall = d["beat_wall_s"] + d["verdict_check_wall_s"] + d.get("watch_wall_s", 0.0)
+    period_cpu = d["beat_cpu_s"] + d["verdict_check_cpu_s"] + d.get("watch_cpu_s", 0.0)
+    d["period_wall_s"], d["period_cpu_s"] = period_wall, period_cpu
+    return [
+        f"rank {r}",
+        d["beat_wall_s"] * 1e3,
+        d.get("watch_wall_s", 0.0) * 1e3,
+        period_wall * 1e3,
+        period_cpu * 1e3,
+        f"{100 * period_cpu / 2.0:.3f}%",
+        f"{100 * period_cpu / 0.1:.2f}%",
+        d["hooks_step100_wall_s"] * 1e6,
+        d["hooks_step100000_wall_s"] * 1e6,
+        f"{100 * d['hooks_step100000_wall_s'] / step_s:.4f}%",
+    ]
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if C.is_worker():
+        worker(args)
+        return
+    args.dtype = pick_dtype(args.dtype)
+    fwd = ["--rounds", str(args.rounds), "--steps-per-block", str(args.steps_per_block), "--warmup", str(args.warmup)]
+    fwd += ["--dtype", args.dtype]
+    ranks = C.launch_and_collect(args.nproc, Path(__file__), fwd)
+    results = report_steps(ranks[0]["times"], args)  # the ranks are in lockstep (DDP): rank 0's clock is the job's
     step_s = results["none"]["median_step_s"]
-    drows = []
-    for r, rank in enumerate(ranks):
-        d = rank["direct"]
-        period_wall = d["beat_wall_s"] + d["verdict_check_wall_s"] + d.get("watch_wall_s", 0.0)
-        period_cpu = d["beat_cpu_s"] + d["verdict_check_cpu_s"] + d.get("watch_cpu_s", 0.0)
-        d["period_wall_s"], d["period_cpu_s"] = period_wall, period_cpu
-        drows.append(
-            [
-                f"rank {r}",
-                d["beat_wall_s"] * 1e3,
-                d.get("watch_wall_s", 0.0) * 1e3,
-                period_wall * 1e3,
-                period_cpu * 1e3,
-                f"{100 * period_cpu / 2.0:.3f}%",
-                f"{100 * period_cpu / 0.1:.2f}%",
-                d["hooks_step100_wall_s"] * 1e6,
-                d["hooks_step100000_wall_s"] * 1e6,
-                f"{100 * d['hooks_step100000_wall_s'] / step_s:.4f}%",
-            ]
-        )
     C.table(
         [
             "rank",
@@ -247,7 +267,7 @@ def main(argv: list[str]) -> None:
             "@100k",
             "hooks/step",
         ],
-        drows,
+        [direct_row(r, rank["direct"], step_s) for r, rank in enumerate(ranks)],
         title="direct: cost of one heartbeat period (set + verdict check [+ watchdog pass]) and of the hooks",
     )
     direct = {f"rank{r}": rank["direct"] for r, rank in enumerate(ranks)}

@@ -81,13 +81,7 @@ def record_ddp_buckets(trainer: Any) -> dict[int, int]:
 
 def one_step_keep_grads(trainer: Any) -> None:
     """``Trainer.train_step`` up to and including ``optimizer.step()``, without ``zero_grad``."""
-    micro = trainer.loader.next_step()
-    for i, batch in enumerate(micro):
-        x, y = trainer._to_device(batch)
-        with trainer.model.sync(i == len(micro) - 1):
-            with trainer.model.autocast():
-                out = trainer.model(x)
-            (trainer.loss_fn(out, y) / len(micro)).backward()
+    trainer.forward_backward(trainer.loader.next_step())
     trainer.model.clip_grad_norm_(trainer.cfg.optim.grad_clip)
     trainer.optimizer.step()
 

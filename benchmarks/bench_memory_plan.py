@@ -31,6 +31,7 @@ Three parts, each selectable with ``--parts`` (default: all three):
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -69,16 +70,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # -- part 1: predicted vs measured ----------------------------------------------------------------------
-def job_config(width: int, world: int, micro: int, strategy: str = "auto", dtype: str = "fp32") -> Any:
+def job_config(
+    model: dict[str, int], world: int, micro: int, strategy: str = "auto", dtype: str = "fp32", steps: int | None = None
+) -> Any:
+    """A job on ``world`` CPU ranks (oversubscribed); HSDP as 2 replicas x 2 shards."""
     from disttrain.config import from_dict
 
     parallel: dict[str, Any] = {"strategy": strategy, "device": "cpu", "oversubscribe": True}
     if strategy == "hsdp":
         parallel |= {"replicate": 2, "shard": 2}
+    train = {"global_batch": micro * world, "micro_batch": micro, "eval_interval": 0, "generate_chars": 0}
+    if steps is not None:
+        train = {"steps": steps, **train}
     return from_dict(
         {
-            "model": {"d_model": width},
-            "train": {"global_batch": micro * world, "micro_batch": micro, "eval_interval": 0, "generate_chars": 0},
+            "model": model,
+            "train": train,
             "parallel": parallel,
             "precision": {"dtype": dtype},
             "metrics": {"peak_tflops": 1.0, "progress": "off"},
@@ -102,7 +109,8 @@ def measure_worker(args: argparse.Namespace) -> None:
     env = init_distributed("cpu", threads=1)
     out = {}
     for s in strategies_at(env.world_size):
-        cfg = job_config(args.width, env.world_size, args.micro_batch, "hsdp" if s == "hsdp" else "auto", args.dtype)
+        strategy = "hsdp" if s == "hsdp" else "auto"
+        cfg = job_config({"d_model": args.width}, env.world_size, args.micro_batch, strategy, args.dtype)
         gc.collect()
         out[s] = measure_strategy(cfg, s, env, steps=2)
     C.write_rank_result(args.out, env.rank, out)
@@ -114,64 +122,74 @@ def largest_rank(ranks: list[dict[str, Any]], s: str) -> dict[str, Any]:
     return max((r[s] for r in ranks), key=lambda m: m["params"] + m["grads"] + m["optimizer"])
 
 
-def run_measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from disttrain.cli.estimate import compare
+def measure_at(args: argparse.Namespace, argv: list[str], width: int, world: int) -> dict[str, Any]:
+    """Every strategy at ``world`` ranks, GPT width ``width``: what the ranks hold against the plan."""
     from disttrain.plan.estimate import Layout, plan_job
     from disttrain.plan.measure import measure
+    from disttrain.plan.render import compare
+    from disttrain.train.loss import cross_entropy
 
+    t0 = time.perf_counter()
+    strategies = strategies_at(world)
+    print(f"measure: d_model {width}, {world} rank(s): {', '.join(strategies)} ...", flush=True)
+    cfg = job_config({"d_model": width}, world, args.micro_batch, dtype=args.dtype)
+    cfg_h = job_config({"d_model": width}, world, args.micro_batch, "hsdp", args.dtype)
+    if not args.one_launch:
+        measured = measure(cfg, world, [s for s in strategies if s != "hsdp"])
+        if "hsdp" in strategies:
+            measured |= measure(cfg_h, world, ["hsdp"])
+    else:
+        worker_argv = [*argv, "--role", "measure", "--width", str(width)]
+        ranks = C.launch_and_collect(world, Path(__file__), worker_argv)
+        measured = {s: largest_rank(ranks, s) for s in strategies}
+    mem = 80 * GiB  # the plan's figures do not depend on it
+    est = plan_job(cfg, Layout(world, 1, mem), cross_entropy)
+    flat = {("ddp" if s == "single" else s): m for s, m in measured.items() if s != "hsdp"}
+    _, tables = compare(est, flat)
+    if "hsdp" in measured:  # HSDP 2 x 2 on one machine = the plan's HSDP at 2 ranks per node x 2 nodes
+        est_h = plan_job(cfg_h, Layout(2, 2, mem), cross_entropy)
+        _, tables_h = compare(est_h, {"hsdp": measured["hsdp"]})
+        tables |= tables_h
+    return {
+        "d_model": width,
+        "world": world,
+        "n_params": est.profile.n_params,
+        "measured": measured,
+        "compare": tables,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def measure_rows(width: int, world: int, tables: dict[str, Any]) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for s, tab in tables.items():
+        if "error" in tab:
+            rows.append([f"d{width} x{world} {s}", "failed", tab["error"][:80]])
+            continue
+        label = "single" if world == 1 else s
+        for row in ROWS:
+            r = tab[row]
+            rows.append(
+                [
+                    f"d{width} x{world} {label}" if row == "params" else "",
+                    row,
+                    r["predicted"] / MiB,
+                    r["measured"] / MiB,
+                    f"{r['error_pct']:+.1f}%",
+                    _target(row, r["error_pct"]),
+                ]
+            )
+    return rows
+
+
+def run_measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # as memory_measure.measure sets it for its workers
     results: dict[str, Any] = {}
     rows: list[list[Any]] = []
     for width in [int(w) for w in args.models.split(",")]:
         for world in [int(n) for n in args.ranks.split(",")]:
-            t0 = time.perf_counter()
-            strategies = strategies_at(world)
-            print(f"measure: d_model {width}, {world} rank(s): {', '.join(strategies)} ...", flush=True)
-            cfg = job_config(width, world, args.micro_batch, dtype=args.dtype)
-            cfg_h = job_config(width, world, args.micro_batch, "hsdp", args.dtype)
-            if not args.one_launch:
-                measured = measure(cfg, world, [s for s in strategies if s != "hsdp"])
-                if "hsdp" in strategies:
-                    measured |= measure(cfg_h, world, ["hsdp"])
-            else:
-                worker_argv = [*argv, "--role", "measure", "--width", str(width)]
-                ranks = C.launch_and_collect(world, Path(__file__), worker_argv)
-                measured = {s: largest_rank(ranks, s) for s in strategies}
-            mem = 80 * GiB  # the plan's figures do not depend on it
-            est = plan_job(cfg, Layout(world, 1, mem))
-            n_params = est.profile.n_params
-            flat = {("ddp" if s == "single" else s): m for s, m in measured.items() if s != "hsdp"}
-            _, tables = compare(est, flat)
-            if "hsdp" in measured:  # HSDP 2 x 2 on one machine = the plan's HSDP at 2 ranks per node x 2 nodes
-                est_h = plan_job(cfg_h, Layout(2, 2, mem))
-                _, tables_h = compare(est_h, {"hsdp": measured["hsdp"]})
-                tables |= tables_h
-            key = f"d{width}_x{world}"
-            results[key] = {
-                "d_model": width,
-                "world": world,
-                "n_params": n_params,
-                "measured": measured,
-                "compare": tables,
-                "seconds": time.perf_counter() - t0,
-            }
-            for s, tab in tables.items():
-                if "error" in tab:
-                    rows.append([f"d{width} x{world} {s}", "failed", tab["error"][:80]])
-                    continue
-                label = "single" if world == 1 else s
-                for row in ROWS:
-                    r = tab[row]
-                    rows.append(
-                        [
-                            f"d{width} x{world} {label}" if row == "params" else "",
-                            row,
-                            r["predicted"] / MiB,
-                            r["measured"] / MiB,
-                            f"{r['error_pct']:+.1f}%",
-                            _target(row, r["error_pct"]),
-                        ]
-                    )
+            results[f"d{width}_x{world}"] = res = measure_at(args, argv, width, world)
+            rows += measure_rows(width, world, res["compare"])
     C.table(
         ["model x ranks strategy", "row", "predicted MiB", "measured MiB", "error", "target"],
         rows,
@@ -198,10 +216,50 @@ LARGE = {
 }
 
 
+def zero_at(name: str, prof: Any, cfg: Any, nnodes: int, rows: list[list[Any]]) -> dict[str, Any]:
+    """The plan for ``prof`` on ``nnodes`` nodes of 8 devices next to DeepSpeed's formulas (its rows into ``rows``)."""
+    from disttrain.plan.estimate import Layout, estimate
+
+    p = prof.n_params
+    lay = Layout(8, nnodes, 80 * GiB)
+    n = lay.world
+    est = estimate(prof, cfg, lay)
+    ds = {
+        "ddp": ("baseline (2+2+K)P", (2 + 2 + K_ADAM) * p),
+        "fsdp_no_reshard": ("ZeRO-2 2P+(2+K)P/N", 2 * p + (2 + K_ADAM) * p / n),
+        "fsdp": ("ZeRO-3 (2+2+K)P/N", (2 + 2 + K_ADAM) * p / n),
+        "hsdp": ("ZeRO-3, N=8 (ZeRO++ hpZ-like)", (2 + 2 + K_ADAM) * p / 8),
+    }
+    res: dict[str, Any] = {"n_params": p, "world": n, "plan": est.to_json(), "deepspeed": {}}
+    for s, (formula, ds_bytes) in ds.items():
+        if s == "hsdp" and nnodes == 1:
+            continue  # one node: HSDP = FSDP
+        plan = est.plans[s]
+        states = plan.params + plan.grads + plan.optimizer
+        res["deepspeed"][s] = {"formula": formula, "bytes": ds_bytes, "ours_model_states": states}
+        rows.append(
+            [
+                f"{name} ({p / 1e9:.2f}B) x {n}",
+                s,
+                states / GiB,
+                plan.gathered / GiB,
+                plan.activations / GiB,
+                plan.total / GiB,
+                formula,
+                ds_bytes / GiB,
+                states / ds_bytes,
+                "yes" if est.fits[s] else "no",
+            ]
+        )
+    res["recommendation"] = [est.choice, est.reason]
+    return res
+
+
 def run_zero() -> dict[str, Any]:
     from disttrain.config import from_dict
     from disttrain.models.gpt import GPT, GPTConfig
-    from disttrain.plan.estimate import Layout, estimate, profile_model
+    from disttrain.plan.profile import profile_model
+    from disttrain.train.loss import cross_entropy
 
     cfg = from_dict({"train": {"micro_batch": 1, "global_batch": 64}, "precision": {"dtype": "bf16"}})
     ctx = 4096
@@ -213,43 +271,14 @@ def run_zero() -> dict[str, Any]:
         with torch.device("meta"):
             model = GPT(GPTConfig(32000, context=ctx, **shape))
         # planned for GPUs: attention accounted as CUDA's fused kernels run it (what --parallel.device cuda does)
-        prof = profile_model(model, sample, micro_batch=1, compute_dtype="bf16", attention="flash")
-        p = prof.n_params
+        prof = profile_model(
+            model, sample, micro_batch=1, loss_fn=cross_entropy, compute_dtype="bf16", attention="flash"
+        )
         for nnodes in (1, 8):
-            lay = Layout(8, nnodes, 80 * GiB)
-            n = lay.world
-            est = estimate(prof, cfg, lay)
-            ds = {
-                "ddp": ("baseline (2+2+K)P", (2 + 2 + K_ADAM) * p),
-                "fsdp_no_reshard": ("ZeRO-2 2P+(2+K)P/N", 2 * p + (2 + K_ADAM) * p / n),
-                "fsdp": ("ZeRO-3 (2+2+K)P/N", (2 + 2 + K_ADAM) * p / n),
-                "hsdp": ("ZeRO-3, N=8 (ZeRO++ hpZ-like)", (2 + 2 + K_ADAM) * p / 8),
-            }
-            res: dict[str, Any] = {"n_params": p, "world": n, "plan": est.to_json(), "deepspeed": {}}
-            for s, (formula, ds_bytes) in ds.items():
-                if s == "hsdp" and nnodes == 1:
-                    continue  # one node: HSDP = FSDP
-                plan = est.plans[s]
-                states = plan.params + plan.grads + plan.optimizer
-                res["deepspeed"][s] = {"formula": formula, "bytes": ds_bytes, "ours_model_states": states}
-                rows.append(
-                    [
-                        f"{name} ({p / 1e9:.2f}B) x {n}",
-                        s,
-                        states / GiB,
-                        plan.gathered / GiB,
-                        plan.activations / GiB,
-                        plan.total / GiB,
-                        formula,
-                        ds_bytes / GiB,
-                        states / ds_bytes,
-                        "yes" if est.fits[s] else "no",
-                    ]
-                )
-            res["recommendation"] = [est.choice, est.reason]
-            results[f"{name}_x{n}"] = res
+            res = zero_at(name, prof, cfg, nnodes, rows)
+            results[f"{name}_x{res['world']}"] = res
         results[f"{name}_profile"] = {
-            "n_params": p,
+            "n_params": prof.n_params,
             "activations_bytes": prof.activations("none"),
             "activations_full_ac_bytes": prof.activations("full"),
             "seconds": time.perf_counter() - t0,
@@ -284,7 +313,6 @@ def throughput_worker(args: argparse.Namespace) -> None:
 
     C.one_thread()
     from disttrain.build import build_model
-    from disttrain.config import from_dict
     from disttrain.data.text import load_text_data
     from disttrain.dist.env import init_distributed
     from disttrain.dist.mesh import SHARDED
@@ -294,42 +322,14 @@ def throughput_worker(args: argparse.Namespace) -> None:
     text = load_text_data(None, TP["context"], 0.1)
     total = args.warmup + args.rounds * args.steps_per_block
     trainers: dict[str, Any] = {}
+    shape = {"n_layers": TP["layers"], "d_model": TP["width"], "n_heads": TP["heads"], "context": TP["context"]}
     for s in ("ddp", "fsdp", "hsdp"):
-        parallel: dict[str, Any] = {"strategy": s, "device": "cpu", "oversubscribe": True}
-        if s == "hsdp":
-            parallel |= {"replicate": 2, "shard": 2}
-        cfg = from_dict(
-            {
-                "model": {
-                    "n_layers": TP["layers"],
-                    "d_model": TP["width"],
-                    "n_heads": TP["heads"],
-                    "context": TP["context"],
-                },
-                "train": {
-                    "steps": total,
-                    "global_batch": TP["micro"] * env.world_size,
-                    "micro_batch": TP["micro"],
-                    "eval_interval": 0,
-                    "generate_chars": 0,
-                },
-                "parallel": parallel,
-                "precision": {"dtype": args.dtype},
-                "metrics": {"peak_tflops": 1.0, "progress": "off"},
-            }
-        )
+        cfg = job_config(shape, env.world_size, TP["micro"], s, args.dtype, steps=total)
         model = build_model(cfg, text.tokenizer.vocab_size, on_meta=s in SHARDED)
         trainers[s] = Trainer(model, text.train, cfg, env=env)
 
-    def runner(trainer: Any) -> Any:
-        def run(n: int) -> None:
-            trainer.cfg.train.steps = trainer.step + n  # fit() runs until this step
-            trainer.fit()
-
-        return run
-
     times = C.interleave(
-        {s: runner(t) for s, t in trainers.items()},
+        {s: functools.partial(C.fit_for, t) for s, t in trainers.items()},
         steps_per_block=args.steps_per_block,
         rounds=args.rounds,
         warmup=args.warmup,

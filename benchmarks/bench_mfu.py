@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import types
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import _common as C
+from mfu_variants import BEFORE, GemmsOnly, apply_variant
 
 GOAL = 0.35
 
@@ -54,83 +54,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=15, help="rows of the top-ops table")
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-# -- what-if patches (applied to one model instance; src/ is untouched) ------------------------------------
-def _mlp_gelu_tanh(self: Any, x: torch.Tensor) -> torch.Tensor:
-    return self.proj(F.gelu(self.fc(x), approximate="tanh"))
-
-
-def _attn_sdpa(self: Any, x: torch.Tensor) -> torch.Tensor:
-    b, t, c = x.shape
-    q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads).permute(2, 0, 3, 1, 4)
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-    return self.proj(y.transpose(1, 2).reshape(b, t, c))
-
-
-BEFORE = ("attention: SDPA", "GELU: tanh", "AdamW: foreach")  # the code before cbd42a5
-
-
-def apply_variant(trainer: Any, choices: tuple[str, ...]) -> None:
-    """Force the given implementation choices on this trainer's model and optimizer."""
-    from disttrain.train.optim import lr_lambda
-
-    model = trainer.model.inner
-    for block in getattr(model, "blocks", []):
-        if "GELU: tanh" in choices:
-            block.mlp.forward = types.MethodType(_mlp_gelu_tanh, block.mlp)
-        if "attention: SDPA" in choices:
-            block.attn.forward = types.MethodType(_attn_sdpa, block.attn)
-    if "AdamW: foreach" in choices or "AdamW: fused" in choices:
-        old = trainer.optimizer
-        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in old.param_groups]
-        d = old.defaults
-        fused = "AdamW: fused" in choices
-        trainer.optimizer = torch.optim.AdamW(
-            groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], foreach=None if fused else True, fused=fused or None
-        )
-        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lr_lambda(trainer.cfg))
-    if "compile" in choices:
-        trainer.model.inner.compile()
-
-
-class GemmsOnly:
-    """The default GPT's matmuls and nothing else: per block the 4 linear layers (forward + the two backward
-    GEMMs) and the attention bmm's (q k^T, p v, forward and backward), the head; bf16, micro-batch 8."""
-
-    def __init__(self, vocab: int, b: int = 8, t: int = 256, c: int = 384, h: int = 6, layers: int = 6) -> None:
-        bf = torch.bfloat16
-        n = b * t
-        shapes = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)] * layers + [(c, vocab)]
-        self.linears = [
-            (
-                torch.randn(n, i, dtype=bf, requires_grad=True),
-                torch.randn(o, i, dtype=bf, requires_grad=True),
-                torch.randn(n, o, dtype=bf),
-            )
-            for i, o in shapes
-        ]
-        d = c // h
-        self.attn = [
-            (
-                torch.randn(b * h, t, d, dtype=bf, requires_grad=True),
-                torch.randn(b * h, t, d, dtype=bf, requires_grad=True),
-                torch.randn(b * h, t, d, dtype=bf, requires_grad=True),
-            )
-            for _ in range(layers)
-        ]
-
-    def run(self, n: int) -> None:
-        for _ in range(n):
-            for x, w, g in self.linears:
-                F.linear(x, w).backward(g)
-            for q, k, v in self.attn:
-                p = torch.bmm(q, k.transpose(1, 2))
-                torch.bmm(p, v).backward(v)
-            for x, w, _ in self.linears:
-                x.grad = w.grad = None
-            for q, k, v in self.attn:
-                q.grad = k.grad = v.grad = None
 
 
 # -- set-up ---------------------------------------------------------------------------------------------
@@ -172,8 +95,7 @@ def round_mfu(flops: float, times: list[float], peaks: list[float]) -> float:
 
 def fit_runner(trainer: Any, first_loss: dict[str, float], name: str) -> Any:
     def run(n: int) -> None:
-        trainer.cfg.train.steps = trainer.step + n
-        res = trainer.fit()
+        res = C.fit_for(trainer, n)
         first_loss.setdefault(name, res.losses[0])
 
     return run
@@ -234,7 +156,19 @@ def profile_steps(trainer: Any, steps: int, top: int) -> dict[str, Any]:
 
 
 # -- part 1: one process -------------------------------------------------------------------------------
-def single_process(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Part1:
+    """Part 1's runs: the Trainers, seconds per step of every (variant, round), the bf16 matmul peak measured
+    after each round, each Trainer's first loss."""
+
+    trainers: dict[str, Any]
+    times: dict[str, list[float]]
+    peaks: list[float]
+    first_loss: dict[str, float]
+
+
+def run_part1(args: argparse.Namespace) -> Part1:
+    """Every variant (and the GEMMs alone) one step per round, interleaved, a peak measured after each round."""
     from disttrain.data.text import load_text_data
     from disttrain.dist.env import init_distributed
     from disttrain.train.metrics import measure_matmul_tflops
@@ -258,12 +192,38 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
         warmup=args.warmup,
         between_rounds=lambda r: peaks.append(measure_matmul_tflops(cpu, torch.bfloat16)),
     )
+    return Part1(trainers, times, peaks, first_loss)
+
+
+def print_profiles(profiles: dict[str, Any], top: int) -> None:
+    for name, prof in profiles.items():
+        C.table(
+            ["kind", "ms/step", "share"],
+            [[k, v["ms_per_step"], f"{v['share'] * 100:.1f}%"] for k, v in prof["kinds"].items()],
+            title=(
+                f"\nWhere the step goes ({name}; torch.profiler self CPU time, "
+                f"{prof['profiled_ms_per_step']:.0f} ms/step profiled)"
+            ),
+        )
+    C.table(
+        ["op", "ms/step", "share", "calls/step"],
+        [
+            [o["op"][:60], o["ms_per_step"], f"{o['share'] * 100:.1f}%", o["calls_per_step"]]
+            for o in profiles["as is"]["top_ops"]
+        ],
+        title=f"\nTop {top} ops by self CPU time (as is)",
+    )
+
+
+def single_process(args: argparse.Namespace) -> dict[str, Any]:
+    run = run_part1(args)
+    times, peaks, first_loss = run.times, run.peaks, run.first_loss
     peak = C.median(peaks)
-    flops_per_step = trainers["as is"].flops_per_sample * 8
-    profiles = {"as is": profile_steps(trainers["as is"], args.profile_steps, args.top)}
+    flops_per_step = run.trainers["as is"].flops_per_sample * 8
+    profiles = {"as is": profile_steps(run.trainers["as is"], args.profile_steps, args.top)}
     results: dict[str, Any] = {"peak_tflops_measured": peak, "peak_samples": peaks, "flops_per_step": flops_per_step}
     rows = []
-    for name in runners:
+    for name in times:
         t = C.median(times[name])
         mfu = round_mfu(flops_per_step, times[name], peaks)
         speedup = C.paired_ratio(times["as is"], times[name])
@@ -286,23 +246,7 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
             f"speed = paired median of step-time ratios; 'all three' = the code before cbd42a5"
         ),
     )
-    for name, prof in profiles.items():
-        C.table(
-            ["kind", "ms/step", "share"],
-            [[k, v["ms_per_step"], f"{v['share'] * 100:.1f}%"] for k, v in prof["kinds"].items()],
-            title=(
-                f"\nWhere the step goes ({name}; torch.profiler self CPU time, "
-                f"{prof['profiled_ms_per_step']:.0f} ms/step profiled)"
-            ),
-        )
-    C.table(
-        ["op", "ms/step", "share", "calls/step"],
-        [
-            [o["op"][:60], o["ms_per_step"], f"{o['share'] * 100:.1f}%", o["calls_per_step"]]
-            for o in profiles["as is"]["top_ops"]
-        ],
-        title=f"\nTop {args.top} ops by self CPU time (as is)",
-    )
+    print_profiles(profiles, args.top)
     return results
 
 
@@ -331,8 +275,7 @@ def worker(args: argparse.Namespace) -> None:
         tr = trainers[name]
 
         def run(n: int) -> None:
-            tr.cfg.train.steps = tr.step + n
-            res = tr.fit()
+            res = C.fit_for(tr, n)
             first_loss.setdefault(name, res.losses[0])
             mfu_reported[name] = res.mfu
 
@@ -367,8 +310,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def two_ranks(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     ranks = C.launch_and_collect(2, Path(__file__), argv)
-    names = list(ranks[0]["times"])
-    times = {n: [max(r["times"][n][i] for r in ranks) for i in range(len(ranks[0]["times"][n]))] for n in names}
+    times = C.slowest_per_round([r["times"] for r in ranks])
+    names = list(times)
     peaks = [min(r["peaks"][i] for r in ranks) for i in range(len(ranks[0]["peaks"]))]
     peak = C.median(peaks)
     start_peak = ranks[0]["trainer_peak"]

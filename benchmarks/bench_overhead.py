@@ -140,7 +140,7 @@ def make_trainer(strategy: str, args: argparse.Namespace, text: Any, env: Any, t
 
     cfg = from_dict(
         {
-            "model": {"n_layers": args.layers, "d_model": args.width, "n_heads": args.heads, "context": args.context},
+            "model": C.gpt_shape(args),
             "train": {
                 "steps": total_steps,
                 "global_batch": args.micro_batch * env.world_size,

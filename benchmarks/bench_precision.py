@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 import _common as C
+from mfu_variants import BEFORE, apply_variant
 
 GOAL = 2.5
 
@@ -56,17 +57,11 @@ def make_trainer(dtype: str, args: argparse.Namespace, text: Any, env: Any, tota
     return Trainer(model, text.train, cfg, env=env)
 
 
-def main(argv: list[str]) -> None:
-    args = parse_args(argv)
-    C.one_thread()
-    from bench_mfu import BEFORE, apply_variant
-    from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
-
-    env = init_distributed("cpu", threads=1)
-    text = load_text_data(None, 256, 0.1)
-    total = args.warmup + args.rounds * args.steps_per_block
-    names = ["fp32", "bf16"] + (["fp32, before", "bf16, before"] if args.before else [])
+def run_variants(
+    names: list[str], args: argparse.Namespace, text: Any, env: Any, total: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Blocks of steps of every variant interleaved: seconds per step of every (variant, round), and every
+    step's loss."""
     trainers = {}
     for name in names:
         trainers[name] = make_trainer(name[:4], args, text, env, total)
@@ -78,23 +73,18 @@ def main(argv: list[str]) -> None:
         tr = trainers[name]
 
         def run(n: int) -> None:
-            tr.cfg.train.steps = tr.step + n
-            losses[name].extend(tr.fit().losses)
+            losses[name].extend(C.fit_for(tr, n).losses)
 
         return run
 
     times = C.interleave(
         {n: runner(n) for n in names}, steps_per_block=args.steps_per_block, rounds=args.rounds, warmup=args.warmup
     )
-    w = min(args.loss_window, total)
-    final = {n: sum(losses[n][-w:]) / w for n in names}
-    tokens = args.micro_batch * 256
-    rows = [[n, C.median(times[n]) * 1e3, tokens / C.median(times[n]), final[n], losses[n][0]] for n in names]
-    C.table(
-        ["variant", "ms/step", "tokens/s", f"final loss (last {w})", "first loss"],
-        rows,
-        title=f"bf16 vs fp32, 1 process x 1 thread, default GPT, micro-batch {args.micro_batch}, {total} steps",
-    )
+    return times, losses
+
+
+def compare(times: dict[str, list[float]], final: dict[str, float]) -> dict[str, Any]:
+    """bf16 against fp32 (as is, and the code before cbd42a5 where it ran): print the summary, return its figures."""
     figures: dict[str, Any] = {}
     summary = []
     for suffix in ("", ", before"):
@@ -114,6 +104,30 @@ def main(argv: list[str]) -> None:
         summary.append([f"bf16 / fp32 throughput, {label}", ratio, f"{lo:.2f}-{hi:.2f}", f">= {GOAL}", verdict])
         summary.append([f"final loss bf16 - fp32, {label}", dloss, "", "", ""])
     C.table(["figure", "value", "IQR", "goal", ""], summary, title="")
+    return figures
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    C.one_thread()
+    from disttrain.data.text import load_text_data
+    from disttrain.dist.env import init_distributed
+
+    env = init_distributed("cpu", threads=1)
+    text = load_text_data(None, 256, 0.1)
+    total = args.warmup + args.rounds * args.steps_per_block
+    names = ["fp32", "bf16"] + (["fp32, before", "bf16, before"] if args.before else [])
+    times, losses = run_variants(names, args, text, env, total)
+    w = min(args.loss_window, total)
+    final = {n: sum(losses[n][-w:]) / w for n in names}
+    tokens = args.micro_batch * 256
+    rows = [[n, C.median(times[n]) * 1e3, tokens / C.median(times[n]), final[n], losses[n][0]] for n in names]
+    C.table(
+        ["variant", "ms/step", "tokens/s", f"final loss (last {w})", "first loss"],
+        rows,
+        title=f"bf16 vs fp32, 1 process x 1 thread, default GPT, micro-batch {args.micro_batch}, {total} steps",
+    )
+    figures = compare(times, final)
     ratio = figures["as is"]["throughput_ratio_bf16_over_fp32"]
     C.write_results(
         "bench_precision",

@@ -21,10 +21,11 @@ from typing import Any
 import bench_checkpoint as B
 
 import _common as C
+from ckpt_setup import config, make_trainer
 
 PHASES = {  # label -> (module, owner attribute path, method)
     "save() (training thread)": ("disttrain.checkpoint", "CheckpointManager", "save"),
-    "staging copy": ("disttrain.checkpoint", "_DeferredStager", "_stage"),
+    "staging copy": ("disttrain.checkpoint.staging", "DeferredStager", "_stage"),
     "upload: plan + write": ("torch.distributed.checkpoint._async_thread_executor", None, "save_wrapper"),
     "  of which writing the shard": ("disttrain.checkpoint.writer", "ChecksummingWriter", "write_data"),
     "commit (rank 0)": ("disttrain.checkpoint", "CheckpointManager", "_finish"),
@@ -65,8 +66,8 @@ def worker(args: argparse.Namespace) -> None:
     env = init_distributed("cpu", threads=1)
     bench_args = B.parse_args([])
     text = load_text_data(None, bench_args.context, 0.1)
-    cfg = B.config(bench_args, env.world_size, False, {"async_mode": "thread", "interval": bench_args.interval})
-    trainer = B.make_trainer(cfg, text, env, Path(args.root) / "ckpt")
+    cfg = config(bench_args, env.world_size, False, {"async_mode": "thread", "interval": bench_args.interval})
+    trainer = make_trainer(cfg, text, env, Path(args.root) / "ckpt")
     manager = trainer.checkpoint
     assert manager is not None
     real_close = manager.close

@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed._composable import checkpoint
+from torch.distributed.fsdp import FSDPModule
 
 from disttrain.build import build_model
 from disttrain.checkpoint import CheckpointManager
 from disttrain.config import from_dict
-from disttrain.data.loader import collate
+from disttrain.data.loader import collate, to_device
 from disttrain.data.text import load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
 from disttrain.dist.fsdp import find_blocks
@@ -46,14 +48,9 @@ def sync_check(trainer: Trainer) -> dict[str, Any]:
     """After a non-final micro-step no gradient is reduced; after the final one every rank agrees."""
     model = trainer.model
     micro = trainer.loader.next_step()
-    observed = []
-    for i, batch in enumerate(micro):
-        x, y = trainer._to_device(batch)
-        last = i == len(micro) - 1
-        with model.sync(last):
-            with model.autocast():
-                out = model(x)
-            (trainer.loss_fn(out, y) / len(micro)).backward()
+    observed: list[dict[str, bool]] = []
+
+    def look(i: int) -> None:
         p = next(model.parameters())
         if trainer.dims.fsdp_enabled:
             # FSDP2 keeps unsynced grads in its unsharded buffers; the sharded .grad appears only after sync.
@@ -63,6 +60,8 @@ def sync_check(trainer: Trainer) -> dict[str, Any]:
             gathered = [torch.zeros_like(g) for _ in range(dist.get_world_size())]
             dist.all_gather(gathered, g)
             observed.append({"ranks_agree": all(torch.equal(gathered[0], t) for t in gathered)})
+
+    trainer.forward_backward(micro, after_backward=look)
     trainer.optimizer.zero_grad(set_to_none=True)
     return {"micro_steps": observed}
 
@@ -70,7 +69,7 @@ def sync_check(trainer: Trainer) -> dict[str, Any]:
 @torch.no_grad()
 def fixed_batch_loss(trainer: Trainer, batch: Any) -> float:
     """The same 8 windows on every rank (every rank takes part: FSDP gathers parameters)."""
-    x, y = trainer._to_device(batch)
+    x, y = to_device(batch, trainer.env.device)
     with trainer.model.autocast():
         return float(trainer.loss_fn(trainer.model(x), y))
 
@@ -92,6 +91,53 @@ def probe(trainer: Trainer, fixed: Any) -> dict[str, Any]:
         "optim": digest,
         "lr": trainer.optimizer.param_groups[0]["lr"],
     }
+
+
+def saved_for_backward(trainer: Trainer, batch: Any) -> dict[str, int]:
+    """Tensors (and their bytes) that one forward of ``batch`` keeps for backward; backward then runs as usual."""
+    seen = {"tensors": 0, "bytes": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen["tensors"] += 1
+        seen["bytes"] += t.numel() * t.element_size()
+        return t
+
+    x, y = to_device(batch, trainer.env.device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), trainer.model.autocast():
+        loss = trainer.loss_fn(trainer.model(x), y)
+    loss.backward()  # every rank: FSDP and DDP finish their collectives; the model is left as fit() left it
+    return seen
+
+
+def offload_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Where FSDP2 keeps the shards: each unit's offload policy, each parameter's flags, and the devices."""
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule)]
+    params = [fp for g in groups if g is not None for fp in g.fsdp_params]
+    shards = [p.to_local() for p in model.parameters()]
+    state = [t for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+    return {
+        "policies": [type(g.offload_policy).__name__ for g in groups if g is not None],
+        "to_cpu": [fp.offload_to_cpu for fp in params],
+        "pin_memory": [fp.pin_memory for fp in params],
+        "pinned": [t.is_pinned() for t in shards],
+        "param_devices": sorted({t.device.type for t in shards}),
+        "grad_devices": sorted({p.grad.device.type for p in model.parameters() if p.grad is not None}),
+        "optim_devices": sorted({t.device.type for t in state}),
+        "optim_tensors": len(state),
+    }
+
+
+def probe_applied(trainer: Trainer, batch: Any) -> dict[str, Any]:
+    """Whether activation checkpointing and CPU offload are in place, not only configured (run after fit)."""
+    model = trainer.model.module
+    out: dict[str, Any] = {
+        "checkpointed": [bool(st and st.enable_hook) for st in map(checkpoint.state, find_blocks(model))],
+        "saved": saved_for_backward(trainer, batch),
+    }
+    if trainer.dims.fsdp_enabled:
+        out["offload"] = offload_state(model, trainer.optimizer)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return out
 
 
 def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
@@ -127,6 +173,8 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     res = trainer.fit()
     if spec.get("probe") == "after_fit":
         out["probe"] = probe(trainer, fixed)
+    if spec.get("probe_applied"):
+        out["applied"] = probe_applied(trainer, fixed)
     out.update(
         start_step=res.start_step,
         losses=res.losses,

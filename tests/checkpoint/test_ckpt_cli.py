@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from disttrain.checkpoint.tools import load_state
+from disttrain.checkpoint.export import load_state
 from disttrain.cli import main
 from disttrain.errors import CheckpointError
 from disttrain.models.gpt import GPT, GPTConfig

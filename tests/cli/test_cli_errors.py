@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from disttrain.config import JobConfig, apply_overrides
+from disttrain.errors import ConfigError
+
 from conftest import disttrain
 
 pytestmark = pytest.mark.timeout(120)
@@ -18,6 +21,7 @@ def assert_one_line_error(proc, *needles: str) -> str:
     assert "Traceback" not in proc.stderr
     line = lines[0]
     assert line.startswith("disttrain: error: ")
+    assert "----" not in line and "│" not in line, f"tyro's box leaked into the message: {line}"
     for n in needles:
         assert n in line, line
     return line
@@ -36,12 +40,37 @@ def assert_one_line_error(proc, *needles: str) -> str:
         (["--train.steps", "0"], ["train.steps must be >= 1, got 0"]),
         (["--model.n-heads", "5"], ["model.n_heads (5) must divide model.d_model (384)", "try"]),
         (["--train.steps", "many"], ["many"]),
+        (["--train.steps", "ten"], ["--train.steps: expected an integer, got 'ten'", "Optimizer steps."]),
+        (["--precision.dtype", "fp64"], ["invalid choice 'fp64'", "--precision.dtype", "'bf16'"]),
+        (["--train.steps"], ["Missing value for argument '--train.steps'"]),
         (["--config", "/no/such.toml"], ["does not exist"]),
     ],
 )
 def test_bad_option_is_one_clear_line(tmp_path: Path, args: list[str], needles: list[str]) -> None:
     assert_one_line_error(disttrain("run", *args, cwd=tmp_path), *needles)
     assert not (tmp_path / "runs").exists(), "no run folder may be made for a rejected config"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--optim.lr", "fast"],
+            "--optim.lr: expected a number, got 'fast'; help: --optim.lr FLOAT  Peak learning rate.",
+        ),
+        (["--parallel.nproc", "two"], "--parallel.nproc: expected INT or None, got 'two'; help: --parallel.nproc"),
+        (["--train.gc-interval", "1.5"], "--train.gc-interval: expected an integer, got '1.5'; help: "),
+        (["--train.steps", "0"], "train.steps must be >= 1, got 0"),
+        (["--parallel.strategy", "x"], "invalid choice 'x' for argument '--parallel.strategy'. Expected one of"),
+    ],
+)
+def test_tyro_errors_become_one_clean_line(args: list[str], expected: str) -> None:
+    # in-process (no CLI start-up): the message apply_overrides makes of tyro's boxed error
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(JobConfig(), args)
+    message = str(e.value)
+    assert message.startswith(expected), message
+    assert "\n" not in message and "----" not in message and "Error parsing" not in message, message
 
 
 def test_unknown_toml_key_names_the_closest(tmp_path: Path) -> None:
@@ -73,3 +102,69 @@ def test_run_help_lists_every_option_and_the_config_flags(tmp_path: Path) -> Non
     flags = ("--config FILE", "--print-config", "--train.steps", "--parallel.forward-prefetch", "--precision.dtype")
     for flag in flags:
         assert flag in proc.stdout, flag
+
+
+def test_wrong_toml_type_names_the_key_and_the_value(tmp_path: Path) -> None:
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[train]\nsteps = "ten"\n')
+    assert_one_line_error(
+        disttrain("run", "--config", str(cfg), cwd=tmp_path), "train.steps must be an integer, got 'ten'"
+    )
+    cfg.write_text('[precision]\ndtype = "fp64"\n')
+    proc = disttrain("run", "--config", str(cfg), cwd=tmp_path)
+    assert_one_line_error(proc, "precision.dtype must be one of 'auto', 'fp32', 'bf16', 'fp16', got 'fp64'")
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "does not exist"),
+        (b"", "is empty"),
+        (b"\xff\xfe\x00 not text", "is not UTF-8 text"),
+        (b"too short", "too short for context"),
+    ],
+)
+def test_bad_data_file_is_one_line_before_any_worker(tmp_path: Path, content: bytes | None, needle: str) -> None:
+    data = tmp_path / "corpus.txt"
+    if content is not None:
+        data.write_bytes(content)
+    # forced strategy: a memory plan that fails is only a warning then, so the file must be checked before it
+    proc = disttrain("run", "--data.path", str(data), "--parallel.strategy", "ddp", cwd=tmp_path)
+    assert_one_line_error(proc, "data.path", needle)
+    assert not (tmp_path / "runs").exists(), "no run folder may be made for a rejected config"
+
+
+def save_checkpoints(folder: Path, steps: list[int]) -> None:
+    """Complete checkpoints of a tiny state, in this process (no process group)."""
+    import torch
+
+    from disttrain.checkpoint import CheckpointManager
+    from disttrain.config import CheckpointConfig
+
+    mgr = CheckpointManager(folder, CheckpointConfig(async_mode="off", keep_latest=10))
+    for step in steps:
+        mgr.save(step, {"app": {"w": torch.full((4,), float(step))}})
+    mgr.close()
+
+
+def test_resume_from_a_step_that_does_not_exist_lists_the_steps_there_are(tmp_path: Path) -> None:
+    from disttrain.checkpoint import CheckpointManager
+    from disttrain.config import CheckpointConfig
+    from disttrain.errors import CheckpointError
+
+    folder = tmp_path / "runs" / "job" / "checkpoints"
+    save_checkpoints(folder, [10, 20])
+    proc = disttrain("run", "--run.name", "job", "--checkpoint.resume", "999", cwd=tmp_path)
+    line = assert_one_line_error(proc, "no checkpoint for step 999", "the steps there are 10, 20")
+    assert "COMMITTED" not in line
+    assert not (tmp_path / "runs" / "job" / "config.toml").exists(), "rejected before the run folder is written"
+    # the same in the workers, where the manager resolves checkpoint.resume
+    with pytest.raises(CheckpointError, match=r"no checkpoint for step 999 .*the steps there are 10, 20"):
+        CheckpointManager(folder, CheckpointConfig()).resolve("999")
+    info = CheckpointManager(folder, CheckpointConfig()).resolve("20")
+    assert info is not None and info.step == 20
+    # no run name: a new run folder, which can hold no checkpoint yet
+    proc = disttrain("run", "--checkpoint.resume", "999", cwd=tmp_path)
+    assert_one_line_error(proc, "no checkpoint for step 999", "--run.name")
+    proc = disttrain("run", "--checkpoint.resume", str(tmp_path / "nowhere" / "step-00000010"), cwd=tmp_path)
+    assert_one_line_error(proc, "does not exist")

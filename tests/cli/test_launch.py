@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import disttrain
+from conftest import disttrain, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -46,11 +46,8 @@ def test_launch_reports_a_failure_without_restarts(tmp_path: Path) -> None:
 
 
 def test_single_process_run_needs_no_process_group(tmp_path: Path, small_text: Path) -> None:
-    proc = disttrain(
-        "run", "--parallel.nproc", "1", "--data.path", str(small_text), "--model.n-layers", "1",
-        "--model.d-model", "32", "--model.n-heads", "2", "--model.context", "32", "--train.steps", "3",
-        "--train.generate-chars", "10", "--run.root", str(tmp_path), cwd=tmp_path,
-    )  # fmt: skip
+    extra = ["--parallel.nproc", "1", "--train.generate-chars", "10", "--run.root", str(tmp_path)]
+    proc = disttrain(*tiny_cli_args(small_text, 3, *extra, model=(1, 32, 2), job=False), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "strategy single x 1 rank(s)" in proc.stdout
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]

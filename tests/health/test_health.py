@@ -9,37 +9,30 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from disttrain.checkpoint import CheckpointManager
-from disttrain.config import HealthConfig, from_dict
-from disttrain.data.text import load_text_data
+from disttrain.config import HealthConfig
 from disttrain.errors import ConfigError, HealthError, Terminated
 from disttrain.health import HealthMonitor, StepGuard, raise_on_sigterm
 from disttrain.health import monitor as health
 from disttrain.launch import doctor
 from disttrain.launch.debug_env import debug_env
-from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.trainer import Trainer
 from disttrain.utils import faults
 
-from conftest import disttrain
+from conftest import disttrain, tiny_cli_args
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def tiny_run(data: Path, root: Path, name: str, steps: int, *extra: str) -> list[str]:
-    return [
-        "run", "--data.path", str(data), "--model.n-layers", "2", "--model.d-model", "64", "--model.n-heads", "4",
-        "--model.context", "32", "--train.steps", str(steps), "--train.global-batch", "16", "--train.micro-batch",
-        "8", "--train.eval-interval", "0", "--train.generate-chars", "0", "--precision.dtype", "fp32",
-        "--metrics.log-interval", "1", "--metrics.peak-tflops", "1", "--run.root", str(root), "--run.name", name,
-        "--health.heartbeat-s", "0.25", *extra,
-    ]  # fmt: skip
+    run = ["--run.root", str(root), "--run.name", name, "--health.heartbeat-s", "0.25"]
+    return tiny_cli_args(data, steps, *run, *extra)
 
 
 def events(run: Path) -> list[dict[str, Any]]:
@@ -92,33 +85,31 @@ def test_a_hang_on_the_first_attempt_restarts_and_resumes(tmp_path: Path, small_
 
 
 # -- bad steps -----------------------------------------------------------------------------------------------
-def make_trainer(small_text: Path, tmp: Path, steps: int, **health: Any) -> Trainer:
-    cfg = from_dict(
-        {
-            "model": {"context": 32},
-            "data": {"path": str(small_text)},
-            "train": {"steps": steps, "global_batch": 8, "micro_batch": 8, "eval_interval": 0, "seed": 3},
-            "optim": {"warmup_steps": 2},
-            "parallel": {"strategy": "single", "device": "cpu"},
-            "precision": {"dtype": "fp32"},
-            "metrics": {"progress": "off", "peak_tflops": 1.0},
-            "checkpoint": {"interval": 3, "async_mode": "off", "keep_latest": 5},
-            "health": {"heartbeat_s": 0.2, **health},
-        }
-    )
-    text = load_text_data(str(small_text), 32, 0.1)
-    model = GPT(GPTConfig(text.tokenizer.vocab_size, n_layers=1, d_model=32, n_heads=2, context=32), seed=3)
-    ckpt = CheckpointManager(tmp / "checkpoints", cfg.checkpoint)
-    return Trainer(model, text.train, cfg, run_dir=tmp, checkpoint=ckpt)
+@pytest.fixture
+def make_trainer(tiny_trainer: Callable[..., Trainer], tmp_path: Path) -> Callable[..., Trainer]:
+    """The tiny trainer with a run folder (tmp_path), checkpoints every 3 steps and fast heartbeats."""
+
+    def build(steps: int, **health: Any) -> Trainer:
+        return tiny_trainer(
+            seed=3,
+            run_dir=tmp_path,
+            checkpoints=tmp_path / "checkpoints",
+            train={"steps": steps},
+            optim={"warmup_steps": 2},
+            checkpoint={"interval": 3, "async_mode": "off", "keep_latest": 5},
+            health={"heartbeat_s": 0.2, **health},
+        )
+
+    return build
 
 
 def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
-    tmp_path: Path, small_text: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_trainer: Callable[..., Trainer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(faults, "_FIRED", set())
     # one NaN at step 2 (skipped, training goes on); three in a row at 7-9 (rolled back to step 6)
     monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:7:0,nan:8:0,nan:9:0")
-    trainer = make_trainer(small_text, tmp_path, 12, max_bad_steps=3, rollback_lr_factor=0.5)
+    trainer = make_trainer(12, max_bad_steps=3, rollback_lr_factor=0.5)
     lr_before = trainer.scheduler.base_lrs[0]
     res = trainer.fit()
     assert trainer.step == 12 and trainer.guard.bad_steps == 4 and trainer.guard.rollbacks == 1
@@ -133,11 +124,11 @@ def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
 
 
 def test_bad_steps_can_stop_the_run_with_a_message(
-    tmp_path: Path, small_text: Path, monkeypatch: pytest.MonkeyPatch
+    make_trainer: Callable[..., Trainer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(faults, "_FIRED", set())
     monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:3:0")
-    trainer = make_trainer(small_text, tmp_path, 6, max_bad_steps=2, on_bad_steps="stop")
+    trainer = make_trainer(6, max_bad_steps=2, on_bad_steps="stop")
     with pytest.raises(HealthError, match=r"2 bad steps in a row .* up to step 3; health.on_bad_steps is stop"):
         trainer.fit()
 
@@ -241,9 +232,9 @@ def test_health_config_errors_and_debug_presets(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown preset" in proc.stderr
 
 
-def test_anomaly_preset_turns_on_autograd_anomaly_detection(tmp_path: Path, small_text: Path) -> None:
+def test_anomaly_preset_turns_on_autograd_anomaly_detection(make_trainer: Callable[..., Trainer]) -> None:
     try:
-        make_trainer(small_text, tmp_path, 1, debug="anomaly")
+        make_trainer(1, debug="anomaly")
         assert torch.is_anomaly_enabled()
     finally:
         torch.autograd.set_detect_anomaly(False)

@@ -17,6 +17,7 @@ from disttrain.dist.mesh import ParallelDims
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.plan.estimate import GiB, Layout, decide, estimate, profile_model
+from disttrain.train.loss import cross_entropy
 
 from conftest import disttrain
 
@@ -41,7 +42,7 @@ class Tiny(nn.Module):
 
 def tiny_profile(dtype: str = "fp32") -> object:
     sample = (torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
-    return profile_model(Tiny(), sample, micro_batch=2, compute_dtype=dtype)
+    return profile_model(Tiny(), sample, micro_batch=2, loss_fn=cross_entropy, compute_dtype=dtype)
 
 
 # Per-rank elements under FSDP2's dim-0 sharding with padding, worked by hand:
@@ -85,7 +86,7 @@ def test_activation_checkpointing_keeps_only_block_inputs() -> None:
     with torch.device("meta"):
         gpt = GPT(GPTConfig(vocab_size=65, n_layers=4, d_model=64, n_heads=4, context=32))
     sample = (torch.zeros(32, dtype=torch.long), torch.zeros(32, dtype=torch.long))
-    prof = profile_model(gpt, sample, micro_batch=8)
+    prof = profile_model(gpt, sample, micro_batch=8, loss_fn=cross_entropy)
     none, full, every2 = (prof.activations(ac) for ac in ("none", "full", "2"))
     assert full < every2 < none
     block_in = 8 * 32 * 64 * 4
@@ -100,7 +101,7 @@ def test_seventy_billion_parameter_config_estimates_in_seconds() -> None:
     with torch.device("meta"):
         model = GPT(cfg)
     sample = (torch.zeros(4096, dtype=torch.long), torch.zeros(4096, dtype=torch.long))
-    prof = profile_model(model, sample, micro_batch=1, compute_dtype="bf16")
+    prof = profile_model(model, sample, micro_batch=1, loss_fn=cross_entropy, compute_dtype="bf16")
     est = estimate(prof, from_dict({"precision": {"dtype": "bf16"}}), Layout(8, 8, 80 * GiB))
     assert time.perf_counter() - t0 < 60
     n = prof.n_params
@@ -115,7 +116,7 @@ def default_estimate(mem: str, nnodes: int = 1, **parallel: object) -> object:
     from disttrain.plan.estimate import plan_job
 
     cfg = from_dict({"parallel": {"device": "cpu", **parallel}})
-    return plan_job(cfg, Layout(2, nnodes, parse_bytes(mem)))
+    return plan_job(cfg, Layout(2, nnodes, parse_bytes(mem)), cross_entropy)
 
 
 def test_auto_picks_ddp_fsdp_hsdp_from_the_plan() -> None:
@@ -211,7 +212,7 @@ def test_run_prints_the_choice(tmp_path: object) -> None:
 def gpt_profile(context: int, attention: str) -> object:
     model = GPT(GPTConfig(vocab_size=32, n_layers=2, d_model=64, n_heads=4, context=context))
     sample = (torch.zeros(context, dtype=torch.long), torch.zeros(context, dtype=torch.long))
-    return profile_model(model, sample, micro_batch=2, compute_dtype="bf16", attention=attention)
+    return profile_model(model, sample, micro_batch=2, loss_fn=cross_entropy, compute_dtype="bf16", attention=attention)
 
 
 def test_flash_attention_activations_grow_linearly_with_the_context() -> None:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from disttrain.config import from_dict
-from disttrain.data.text import load_text_data
 from disttrain.errors import ConfigError
-from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.trainer import Trainer
 from disttrain.utils.gc import GarbageCollection, paused_gc
 
@@ -97,21 +94,8 @@ def test_paused_gc_restores_after_an_error() -> None:
     assert gc.isenabled()
 
 
-def test_fit_collects_only_on_the_interval(small_text: Path, full_collections: list[Any]) -> None:
-    cfg = from_dict(
-        {
-            "model": {"context": 32},
-            "data": {"path": str(small_text)},
-            "train": {"steps": 5, "global_batch": 4, "micro_batch": 4, "eval_interval": 0, "gc_interval": 2},
-            "parallel": {"strategy": "single", "device": "cpu"},
-            "precision": {"dtype": "fp32"},
-            "metrics": {"progress": "off", "peak_tflops": 1.0},
-        }
-    )
-    text = load_text_data(str(small_text), 32, 0.1)
-    trainer = Trainer(
-        GPT(GPTConfig(text.tokenizer.vocab_size, n_layers=1, d_model=32, n_heads=2, context=32)), text.train, cfg
-    )
+def test_fit_collects_only_on_the_interval(tiny_trainer: Callable[..., Trainer], full_collections: list[Any]) -> None:
+    trainer = tiny_trainer(train={"steps": 5, "global_batch": 4, "micro_batch": 4, "gc_interval": 2})
     steps: list[int] = []
     gc.callbacks.append(lambda phase, info: steps.append(trainer.step) if phase == "start" else None)
     try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import run_scenario, tiny_config
+from conftest import FP32, losses, run_scenario, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -76,13 +76,6 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
             [{"name": "fp32", "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 4})}],
         ),
     }
-
-
-def losses(r: dict[str, Any], variant: str) -> torch.Tensor:
-    return torch.tensor(r[variant]["losses"], dtype=torch.float64)
-
-
-FP32 = {"rtol": 1e-5, "atol": 1e-5}
 
 
 @pytest.mark.parametrize("job", ["ddp2", "fsdp2", "fsdp4"])

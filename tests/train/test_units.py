@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
+from typing import Literal
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from disttrain.config import JobConfig, TrainConfig, from_dict, load_toml, resolve_batch, to_toml
+from disttrain.config.typecheck import coerce
 from disttrain.data.loader import GlobalBatchLoader
 from disttrain.dist.fsdp import find_blocks, reshard_flag
 from disttrain.dist.meta_init import materialize
@@ -26,6 +30,64 @@ def test_toml_roundtrip(tmp_path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(to_toml(cfg))
     assert load_toml(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[train]\nsteps = "ten"\n', "train.steps must be an integer, got 'ten'"),
+        ("[train]\nsteps = 10.0\n", "train.steps must be an integer, got 10.0"),
+        ("[train]\nsteps = true\n", "train.steps must be an integer, got True"),
+        ('[optim]\nlr = "fast"\n', "optim.lr must be a number, got 'fast'"),
+        ("[train]\nskip_nonfinite = 1\n", "train.skip_nonfinite must be true or false, got 1"),
+        ("[run]\nroot = 3\n", "run.root must be a string, got 3"),
+        (
+            '[parallel]\nstrategy = "fsdpp"\n',
+            "parallel.strategy must be one of 'auto', 'single', 'ddp', 'fsdp', 'hsdp'",
+        ),
+        ('[parallel]\nnproc = "two"\n', "parallel.nproc must be an integer, got 'two'"),
+        ("[health]\nhang_timeout_s = [1]\n", "health.hang_timeout_s must be a number, got [1]"),
+    ],
+)
+def test_toml_values_are_checked_against_their_field_types(tmp_path, toml: str, message: str) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as e:
+        load_toml(path)
+    assert str(e.value) == f"{path}: {message}" or message in str(e.value), str(e.value)
+
+
+def test_toml_types_accept_what_the_annotations_allow() -> None:
+    cfg = from_dict({"optim": {"lr": 1, "grad_clip": 0}, "parallel": {"nproc": 2}, "metrics": {"peak_tflops": None}})
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)  # an int is fine for a float, and becomes one
+    assert cfg.parallel.nproc == 2 and cfg.metrics.peak_tflops is None
+
+
+@dataclasses.dataclass
+class Inner:
+    """A nested section for the type checks."""
+
+    mode: Literal["a", "b"] = "a"
+    scale: float = 1.0
+
+
+def test_type_check_of_containers_and_nested_dataclasses() -> None:
+    assert coerce([1, 2], list[int], "x.ids") == [1, 2]
+    assert coerce(["a", "b"], set[str], "x.tags") == {"a", "b"}
+    assert coerce([1, "b"], tuple[int, str], "x.pair") == (1, "b")
+    assert coerce({"mode": "b", "scale": 2}, Inner, "x.inner") == Inner("b", 2.0)
+    assert coerce(None, int | None, "x.n") is None
+    for value, hint, message in [
+        ([1, "two"], list[int], "x[1] must be an integer, got 'two'"),
+        ("ab", list[str], "x must be a list of strings, got 'ab'"),
+        ({"mode": "c"}, Inner, "x.mode must be one of 'a', 'b', got 'c'"),
+        ({"scale": "big"}, Inner, "x.scale must be a number, got 'big'"),
+        ({"nope": 1}, Inner, "unknown key x.nope"),
+        ({"k": "v"}, dict[str, int], "x.k must be an integer, got 'v'"),
+        ("3", int | None, "x must be an integer, got '3'"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            coerce(value, hint, "x")
 
 
 def test_batch_plan_and_its_error() -> None:

@@ -1,17 +1,18 @@
-"""Distributed checkpoints over DCP: save/load/wait/close (``manager``), the folder layout and listing,
-writing and reading shard files, async staging, export, and the ``disttrain ckpt`` tools.
+"""Distributed checkpoints over DCP.
 
-May import config, errors and utils; nothing from dist, train, health, launch or cli.
+``manager`` (``CheckpointManager``: save / load / wait / close, async, atomic commit, keep-k, resume, reshard),
+``layout`` (folder names, manifest, listing and finding checkpoints), ``state`` (model + optimizer, RNG state),
+``staging`` (an async save's copy of the state), ``writer`` with ``direct_io`` and ``records`` (shard files,
+checksummed as written), ``reader`` (safe, fast loads), ``save_process`` (DCP's background save process),
+``export`` (plain weight files), ``verify`` and ``tools`` (``disttrain ckpt ls|inspect|verify|export``).
+
+May import config, errors and utils; nothing from dist, train, health, plan, launch or cli.
 """
 
-from disttrain.checkpoint.manager import (
-    CheckpointInfo,
-    CheckpointManager,
-    ModelOptimState,
-    export_live_model,
-    inspect_folder,
-    list_checkpoints,
-)
+from disttrain.checkpoint.export import export_live_model
+from disttrain.checkpoint.layout import CheckpointInfo, inspect_folder, list_checkpoints
+from disttrain.checkpoint.manager import CheckpointManager
+from disttrain.checkpoint.state import ModelOptimState
 from disttrain.errors import CheckpointError
 
 __all__ = [

@@ -159,7 +159,7 @@ _ZIP_LOCAL = b"PK\x03\x04"
 _ZIP_LOCAL_FIXED = struct.Struct("<4sHHHHHIIIHH")  # signature ... name length, extra length: 30 bytes
 
 
-def _zip_local_headers(buf: bytes, pos: int) -> Iterator[tuple[str, int, int]]:
+def zip_local_headers(buf: bytes, pos: int) -> Iterator[tuple[str, int, int]]:
     """(name, method, data offset) of each zip local file header found in ``buf`` from ``pos`` on."""
     while (pos := buf.find(_ZIP_LOCAL, pos)) >= 0 and pos + _ZIP_LOCAL_FIXED.size <= len(buf):
         _, _, _, method, _, _, _, _, _, nlen, elen = _ZIP_LOCAL_FIXED.unpack_from(buf, pos)
@@ -168,11 +168,11 @@ def _zip_local_headers(buf: bytes, pos: int) -> Iterator[tuple[str, int, int]]:
         pos = name_at
 
 
-def _raw_tensor_data_from_head(head: bytes, length: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> Any:
+def raw_tensor_data_from_head(head: bytes, length: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> Any:
     """Fast path of :func:`_raw_tensor_data`: walk the local headers in the item's first bytes (``torch.save``
     writes ``data.pkl``, a few small records, then ``data/<key>``, uncompressed) without the central
     directory at the end, so one read of the head finds the data. None when anything is not as expected."""
-    headers = _zip_local_headers(head, 0)
+    headers = zip_local_headers(head, 0)
     first = next(headers, None)
     if first is None or not first[0].endswith("/data.pkl") or first[1] != 0:
         return None
@@ -182,7 +182,7 @@ def _raw_tensor_data_from_head(head: bytes, length: int, dtype: torch.dtype, siz
     if key is None:
         return None
     nbytes = math.prod(sizes) * dtype.itemsize
-    for name, method, data_at in _zip_local_headers(head, first[2] + stream.tell()):
+    for name, method, data_at in zip_local_headers(head, first[2] + stream.tell()):
         if name == f"{prefix}byteorder" and not head[data_at:].startswith(b"little"):
             return None
         if name == f"{prefix}data/{key}":
@@ -196,7 +196,7 @@ def _raw_tensor_data(item: _ItemView, dtype: torch.dtype, sizes: tuple[int, ...]
     if sys.byteorder != "little":
         return None
     try:
-        fast = _raw_tensor_data_from_head(item.head, item.length, dtype, sizes)
+        fast = raw_tensor_data_from_head(item.head, item.length, dtype, sizes)
         if fast is not None:
             return fast
         zf: Any = torch._C.PyTorchFileReader(item)  # type: ignore[call-overload]  # the zip's own index, from its central directory

@@ -1,4 +1,8 @@
-"""``disttrain estimate``: the memory plan per strategy (and, with ``--measure``, measured against real ranks)."""
+"""``disttrain estimate``: the memory plan per strategy (and, with ``--measure``, measured against real ranks).
+
+Arguments only: the work is :func:`disttrain.plan.command.run_estimate`, imported when the command runs.
+May import: anything (``disttrain.cli`` is the top layer).
+"""
 
 from __future__ import annotations
 

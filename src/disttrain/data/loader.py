@@ -105,3 +105,14 @@ def eval_batches(dataset: Dataset[Any], micro_batch: int, n_batches: int, dp_ran
     idx = [(i * stride) % n for i in range(total)]
     mine = idx[dp_rank::dp_size]
     return [collate([dataset[i] for i in mine[b * micro_batch : (b + 1) * micro_batch]]) for b in range(n_batches)]
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (a tensor, or tuples / lists / dicts of them) moved to ``device``; other leaves as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

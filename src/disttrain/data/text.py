@@ -15,24 +15,34 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from disttrain.errors import ConfigError
+
 BUNDLED_CORPUS = "shakespeare.txt.gz"
 
 
 def read_text(path: str | Path | None = None) -> str:
-    """Read a UTF-8 text file (``.gz`` allowed); ``None`` means the bundled Shakespeare corpus."""
+    """Read a UTF-8 text file (``.gz`` allowed); ``None`` means the bundled Shakespeare corpus.
+
+    A file that is missing, unreadable, not UTF-8 or empty is a :class:`ConfigError` naming it."""
     if path is None:
         data = resources.files("disttrain.data").joinpath(BUNDLED_CORPUS).read_bytes()
         return gzip.decompress(data).decode("utf-8")
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"data.path {str(p)!r} does not exist; pass a UTF-8 text file")
-    raw = p.read_bytes()
-    if p.suffix == ".gz":
-        raw = gzip.decompress(raw)
+        raise ConfigError(f"data.path {str(p)!r} does not exist; pass a UTF-8 text file")
     try:
-        return raw.decode("utf-8")
+        raw = p.read_bytes()
+        if p.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError) as e:  # unreadable, or a broken .gz (BadGzipFile is an OSError)
+        raise ConfigError(f"data.path {str(p)!r} cannot be read ({e}); pass a UTF-8 text file") from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"data.path {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ConfigError(f"data.path {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text:
+        raise ConfigError(f"data.path {str(p)!r} is empty; pass a UTF-8 text file to train on")
+    return text
 
 
 @dataclass(frozen=True)
@@ -89,14 +99,26 @@ class TextData:
         return float(-logp[self.val.tokens].mean())
 
 
-def load_text_data(path: str | None, context: int, val_fraction: float) -> TextData:
-    text = read_text(path)
-    tok = CharTokenizer.from_text(text)
-    ids = tok.encode(text)
-    n_val = max(int(len(ids) * val_fraction), context + 1)
-    if len(ids) - n_val <= context:
-        raise ValueError(
-            f"data.path has {len(ids)} characters: too short for context {context} "
+def validation_size(n_chars: int, context: int, val_fraction: float) -> int:
+    """Characters held out for validation; ConfigError when the rest cannot fill one training window."""
+    n_val = max(int(n_chars * val_fraction), context + 1)
+    if n_chars - n_val <= context:
+        raise ConfigError(
+            f"data.path has {n_chars} characters: too short for context {context} "
             f"with val_fraction {val_fraction}; use a longer text or a shorter --model.context"
         )
+    return n_val
+
+
+def check_text_data(path: str | None, context: int, val_fraction: float) -> None:
+    """What :func:`load_text_data` checks, without tokenising: for the parent, before any worker starts."""
+    validation_size(len(read_text(path)), context, val_fraction)
+
+
+def load_text_data(path: str | None, context: int, val_fraction: float) -> TextData:
+    """The corpus at ``path`` (None: the bundled one) as train and validation windows of ``context``."""
+    text = read_text(path)
+    n_val = validation_size(len(text), context, val_fraction)
+    tok = CharTokenizer.from_text(text)
+    ids = tok.encode(text)
     return TextData(tok, TokenWindows(ids[:-n_val], context), TokenWindows(ids[-n_val:], context))

@@ -12,7 +12,7 @@ from torch.distributed._composable import checkpoint
 
 
 def checkpointed_indices(spec: str, n_blocks: int) -> list[int]:
-    """Which blocks recompute: none, full (all), or every K-th (0, K, 2K, ...)."""
+    """Which blocks recompute: none, full (all), or every K-th (0, K, 2K, ...); the memory plan counts the same."""
     if spec == "none":
         return []
     k = 1 if spec == "full" else int(spec)

@@ -12,7 +12,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from disttrain.config import DTYPES
-
 from disttrain.errors import ConfigError
 
 

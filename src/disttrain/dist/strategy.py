@@ -22,13 +22,12 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
-
-from disttrain.errors import ConfigError
 from disttrain.dist.activation import apply_activation_checkpointing
 from disttrain.dist.env import resolve_precision
 from disttrain.dist.fsdp import apply_fsdp, find_blocks
+from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.meta_init import is_meta, materialize
-from disttrain.dist.mesh import ParallelDims, resolve_strategy
+from disttrain.errors import ConfigError
 
 
 @dataclass
@@ -85,6 +84,19 @@ def current_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _check_layout(dims: ParallelDims, parallel: ParallelConfig) -> None:
+    if dims.world_size > 1 and not dist.is_initialized():
+        raise RuntimeError(
+            f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "
+            "start the script with `disttrain launch -n N script.py` (or torchrun) and call init_distributed()"
+        )
+    if parallel.offload and not dims.fsdp_enabled:
+        raise ConfigError(
+            "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
+            f"not {dims.strategy!r}"
+        )
+
+
 def parallelize(
     model: nn.Module,
     parallel: ParallelConfig | None = None,
@@ -105,16 +117,7 @@ def parallelize(
         dims = ParallelDims.from_config(parallel, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     device = device or current_device()
     precision = resolve_precision(precision, device.type)
-    if dims.world_size > 1 and not dist.is_initialized():
-        raise RuntimeError(
-            f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "
-            "start the script with `disttrain launch -n N script.py` (or torchrun) and call init_distributed()"
-        )
-    if parallel.offload and not dims.fsdp_enabled:
-        raise ConfigError(
-            "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
-            f"not {dims.strategy!r}"
-        )
+    _check_layout(dims, parallel)
     if parallel.activation_checkpointing != "none":
         apply_activation_checkpointing(find_blocks(model, parallel.shard_modules), parallel.activation_checkpointing)
     if dims.fsdp_enabled:

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from disttrain.utils.process import run_and_exit
+
 Status = Literal["OK", "WARN", "FAIL"]
 MIN_TORCH = (2, 6)
 # Below these an all-reduce is suspiciously slow for the backend (GB/s of payload per rank).
@@ -381,6 +383,4 @@ def report(checks: list[Check], as_json: bool) -> int:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    worker(sys.argv[2])
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown (rpc/gloo destructors), as disttrain.launch.worker does
+    run_and_exit(lambda: worker(sys.argv[2]))  # skips interpreter teardown (rpc/gloo destructors)

@@ -14,8 +14,10 @@ from disttrain.config import JobConfig, resolve_batch
 from disttrain.dist.env import resolve_device_type, resolve_precision
 from disttrain.dist.mesh import SHARDED, ParallelDims, resolve_strategy
 from disttrain.errors import ConfigError, MetaDeviceError
+from disttrain.launch.preflight import check_inputs
 from disttrain.launch.torchrun import check_nproc, default_nproc
-from disttrain.plan import estimate as memory
+from disttrain.plan.estimate import Layout, decide, plan_job, resolve_device_memory
+from disttrain.plan.render import render
 from disttrain.train.loss import cross_entropy
 
 
@@ -48,6 +50,7 @@ def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
     world = nproc * max_nodes
     check_imports(cfg)
+    check_inputs(cfg)  # data.path and checkpoint.resume, before the plan reads the data
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     choice = choose_strategy(cfg, nproc, max_nodes, device)
     dims = ParallelDims.from_config(cfg.parallel, world, nproc, choice.strategy)
@@ -61,18 +64,18 @@ def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> Str
     or ``parallel.force``). A model the planner cannot profile keeps a forced strategy, with a warning."""
     if cfg.checkpoint.create_seed:
         return StrategyChoice("single", "seed checkpoint: one process")
-    layout = memory.Layout(
+    layout = Layout(
         nproc,
         nnodes,
-        memory.resolve_device_memory(cfg.parallel.device_memory, device, nproc),
+        resolve_device_memory(cfg.parallel.device_memory, device, nproc),
         cfg.parallel.memory_headroom,
     )
     try:
-        est = memory.plan_job(cfg, layout, cross_entropy)
+        est = plan_job(cfg, layout, cross_entropy)
     except ConfigError as e:
         if cfg.parallel.strategy == "auto" or (isinstance(e, MetaDeviceError) and cfg.parallel.strategy in SHARDED):
             raise
         print(f"disttrain: warning: no memory plan ({e})", file=sys.stderr)
         return StrategyChoice(resolve_strategy(cfg.parallel.strategy, nproc * nnodes), "forced; no memory plan")
-    strategy, reason = memory.decide(cfg, est)
-    return StrategyChoice(strategy, reason, memory.render(est), est.to_json())
+    strategy, reason = decide(cfg, est)
+    return StrategyChoice(strategy, reason, render(est), est.to_json())

@@ -1,12 +1,16 @@
 """Start workers through ``torch.distributed.run`` (torchrun), in-process: local N processes, multi-node,
 elastic restarts. No home-made spawner: torchrun sets RANK/WORLD_SIZE/LOCAL_RANK and supervises.
+:func:`run_module_captured` runs torchrun as a child process instead, for a caller that wants fresh workers
+and their output (``disttrain estimate --measure``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import torch
@@ -71,15 +75,20 @@ def torchrun_argv(
     return argv
 
 
+def _worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type: str) -> None:
+    """The variables every worker starts with, unless ``env`` already sets them."""
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc, device_type)))
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+
 def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
     """Run torchrun with ``argv`` (options, then the program); return the job's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc, device_type)))
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    _worker_env_defaults(os.environ, nproc, device_type)
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
     args = get_args_parser().parse_args(argv)
@@ -94,6 +103,28 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
         )
         return 1
     return 0
+
+
+def run_module_captured(
+    module: str,
+    args: list[str],
+    nproc: int,
+    device_type: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    tail_lines: int = 6,
+) -> tuple[int, str]:
+    """``python -m module args`` on ``nproc`` ranks of this node, torchrun in a child process of its own (fresh
+    workers, their output captured instead of shown); (exit code, the last ``tail_lines`` lines of its stderr, or
+    of its stdout when stderr is empty, joined by `` | ``). ``env`` adds to (and overrides) this process's
+    variables; the worker defaults of :func:`run_torchrun` fill in the rest."""
+    child_env = {**os.environ, **(env or {})}
+    _worker_env_defaults(child_env, nproc, device_type)
+    argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(nproc, LaunchConfig())]
+    proc = subprocess.run([*argv, "-m", module, *args], env=child_env, capture_output=True, text=True, timeout=timeout)
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-tail_lines:]
+    return proc.returncode, " | ".join(tail)
 
 
 def launch_script(nproc: int | None, launch: LaunchConfig, script: str, script_args: list[str]) -> int:

@@ -1,1 +1,1 @@
-"""Models: plain nn.Modules with no distributed code (the default GPT)."""
+"""Models: plain nn.Modules with no distributed code (the default GPT). Imports nothing from disttrain."""

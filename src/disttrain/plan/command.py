@@ -1,7 +1,10 @@
-"""The ``disttrain estimate`` command: the memory plan as a table or JSON and, with ``--measure``, the
+"""The ``disttrain estimate`` command's work: the memory plan as a table or JSON and, with ``--measure``, the
 plan against a few real steps of every strategy that fits, on this machine (error in percent).
 
-The plan itself is :mod:`disttrain.plan.estimate`; the measurement is :mod:`disttrain.plan.measure`.
+The plan itself is :mod:`disttrain.plan.estimate`, its table :mod:`disttrain.plan.render`; the measurement
+is :mod:`disttrain.plan.measure`. ``disttrain.cli.estimate`` parses the arguments and calls :func:`run_estimate`.
+May import: everything below ``disttrain.cli`` (it starts workers to measure, and supplies the loss the plan
+profiles with, :func:`disttrain.train.loss.cross_entropy`).
 """
 
 from __future__ import annotations
@@ -11,53 +14,20 @@ from typing import Any
 
 from disttrain.config import JobConfig, parse_bytes
 from disttrain.errors import ConfigError
+from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.plan.estimate import (
-    COLUMNS,
     Estimate,
     Layout,
     advice,
-    fmt_bytes,
     local_device,
     plan_job,
-    render,
     resolve_device_memory,
     resolved_precision,
-    sharded_bytes,
     target_device,
     with_parallel,
 )
-
-
-def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Predicted vs measured per strategy: a text table and the same figures as JSON (error in %)."""
-    prof = est.profile
-    saved_pred = prof.activations(est.ac) - prof.largest_act  # what saved-tensor hooks can see
-    lines = [f"predicted vs measured, per rank ({est.layout.nproc} rank(s) on this machine)"]
-    lines.append(f"{'strategy':<16}{'row':<14}{'predicted':>12}{'measured':>12}{'error':>9}")
-    table: dict[str, Any] = {}
-    for s, m in measured.items():
-        if "error" in m:
-            lines.append(f"{s:<16}failed: {m['error']}")
-            table[s] = m
-            continue
-        p = est.plans[s]
-        shard_params, shard_grads = sharded_bytes(prof.params, p.shard, 4), sharded_bytes(prof.params, p.shard, 4, True)
-        pairs = {
-            "params": (p.params if s != "fsdp_offload" else shard_params, m["params"]),
-            "grads": (p.grads if s != "fsdp_offload" else shard_grads, m["grads"]),
-            "optimizer": (p.optimizer if s != "fsdp_offload" else p.host - shard_params - shard_grads, m["optimizer"]),
-            "activations": (saved_pred, m["activations_saved"]),
-            # on CPU the offloaded shards are in the same RSS as everything else
-            "total peak": (p.total + (p.host if m["peak_source"] != "cuda max_memory_allocated" else 0), m["peak"]),
-        }
-        table[s] = {"peak_source": m["peak_source"]}
-        for row, (pred, meas) in pairs.items():
-            err = 100.0 * (pred - meas) / meas if meas else float("nan")
-            table[s][row] = {"predicted": int(pred), "measured": int(meas), "error_pct": err}
-            lines.append(f"{s:<16}{row:<14}{fmt_bytes(pred):>12}{fmt_bytes(meas):>12}{err:>8.1f}%")
-    source = next((m["peak_source"] for m in measured.values() if "peak_source" in m), "-")
-    lines.append(f"measured total peak: {source}, above the process before the model was built")
-    return "\n".join(lines), table
+from disttrain.plan.render import COLUMNS, compare, render
+from disttrain.train.loss import cross_entropy
 
 
 def run_estimate(
@@ -70,8 +40,6 @@ def run_estimate(
     measure: bool = False,
 ) -> int:
     """``disttrain estimate``: print the plan (and, with ``measure``, predicted vs measured)."""
-    from disttrain.launch.torchrun import check_nproc, default_nproc
-
     device = local_device(cfg)
     nproc = nproc or cfg.parallel.nproc or default_nproc(device)
     if nproc < 1 or nnodes < 1:
@@ -87,24 +55,31 @@ def run_estimate(
         if device_memory
         else resolve_device_memory(cfg.parallel.device_memory, target, nproc)
     )
-    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom))
+    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom), cross_entropy)
     out: dict[str, Any] = est.to_json()
     text = render(est)
     if not any(est.fits.values()):
         out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
         text += f"\nto fit: {out['advice']}"
     if measure:
-        if nnodes != 1:
-            raise ConfigError("--measure runs on this machine only; drop --nnodes (or set it to 1)")
-        check_nproc(nproc, device, oversubscribe=cfg.parallel.oversubscribe or device == "cpu")
-        from disttrain.plan.measure import measure as run_measure
-
-        if nproc == 1:
-            measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}
-        else:
-            cols = [c for c in COLUMNS if c != "hsdp" and (est.fits[c] or cfg.parallel.force)]
-            measured = run_measure(with_parallel(cfg, device=device), nproc, cols)
-        table, out["measured"] = compare(est, measured)
+        table, out["measured"] = measure_here(cfg, est, device)
         text += "\n\n" + table
     print(json.dumps(out, indent=2) if as_json else text)
     return 0
+
+
+def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[str, Any]]:
+    """``--measure``: a few real steps of every strategy that fits (or all with ``parallel.force``; HSDP needs
+    several nodes) on this machine's ranks; predicted vs measured as text and JSON."""
+    from disttrain.plan.measure import measure as run_measure
+
+    nproc, nnodes = est.layout.nproc, est.layout.nnodes
+    if nnodes != 1:
+        raise ConfigError("--measure runs on this machine only; drop --nnodes (or set it to 1)")
+    check_nproc(nproc, device, oversubscribe=cfg.parallel.oversubscribe or device == "cpu")
+    if nproc == 1:
+        measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}
+    else:
+        cols = [c for c in COLUMNS if c != "hsdp" and (est.fits[c] or cfg.parallel.force)]
+        measured = run_measure(with_parallel(cfg, device=device), nproc, cols)
+    return compare(est, measured)

@@ -1,11 +1,9 @@
 """The memory plan: bytes per rank for each strategy, the strategy ``auto`` picks, and why.
 
-Two steps. :func:`profile_model` looks at the model once, on the meta device (no memory, no compute,
-so a 70B-parameter config takes seconds): the shape of every parameter and which FSDP unit (block or
-root) owns it, and the activations autograd saves for one micro-batch, per block. :func:`estimate` then
-turns that profile into a per-rank plan for DDP, FSDP (reshard after forward, ZeRO-3-like), FSDP
-without reshard (ZeRO-2-like), HSDP and FSDP with CPU offload, with the exact byte arithmetic of what
-torch allocates:
+Two steps. :func:`~disttrain.plan.profile.profile_model` looks at the model once, on the meta device (no
+memory, no compute, so a 70B-parameter config takes seconds). :func:`estimate` then turns that profile into a
+per-rank plan for DDP, FSDP (reshard after forward, ZeRO-3-like), FSDP without reshard (ZeRO-2-like), HSDP
+and FSDP with CPU offload, with the exact byte arithmetic of what torch allocates:
 
 - parameters: fp32 master weights; FSDP2 shards dim 0 of every parameter into ``ceil(d0 / N)`` rows per
   rank (padded, so uneven shards round up);
@@ -20,14 +18,16 @@ torch allocates:
   checkpointed blocks plus one block recomputed.
 
 The total is the sum, an upper bound: gradients and activations overlap only partly in backward.
+:func:`decide` and :func:`auto_strategy` turn a plan into the strategy to run: the Trainer and ``disttrain
+run`` ask for ``auto`` only through them, passing their loss (this module never imports the trainer).
+
+May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.build``,
+``disttrain.dist``, ``disttrain.plan.profile``, ``disttrain.plan.render`` (the table in its messages).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,200 +36,13 @@ from torch import nn
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
 from disttrain.errors import ConfigError
+from disttrain.plan.profile import LossFn, ModelProfile, ParamInfo, profile_model, sharded_bytes
+from disttrain.plan.render import LABELS, render
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
-COLUMNS = ("ddp", "fsdp", "fsdp_no_reshard", "hsdp", "fsdp_offload")
-LABELS = {
-    "ddp": "DDP",
-    "fsdp": "FSDP",
-    "fsdp_no_reshard": "FSDP no-reshard",
-    "hsdp": "HSDP",
-    "fsdp_offload": "FSDP+offload",
-}
-ROWS = ("params", "grads", "optimizer", "gathered", "activations", "total")
 ADAM_BYTES_PER_ELEMENT = 8  # exp_avg + exp_avg_sq in fp32
 ADAM_STEP_BYTES = 4  # one fp32 step tensor per parameter
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    shape: tuple[int, ...]
-    unit: int
-    """Index of the FSDP block that owns it, or -1 for the root (embeddings, final norm, head)."""
-    trainable: bool
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def shard_numel(self, n: int) -> int:
-        """Elements one rank holds when sharded ``n`` ways: FSDP2 pads dim 0 to a multiple of n."""
-        if n <= 1 or not self.shape:
-            return self.numel
-        return math.ceil(self.shape[0] / n) * (self.numel // self.shape[0])
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """What the plan needs to know about a model, measured once on the meta device."""
-
-    params: tuple[ParamInfo, ...]
-    n_blocks: int
-    act_by_block: tuple[int, ...]
-    """Bytes autograd saves inside each block for one micro-batch (compute dtype)."""
-    act_other: int
-    """Bytes saved outside the blocks (embeddings, head, loss)."""
-    block_input_bytes: tuple[int, ...]
-    """Bytes of each block's input: what a checkpointed block keeps."""
-    largest_act: int
-    micro_batch: int
-    compute_dtype: str
-    attention: str = "math"
-    """How ``scaled_dot_product_attention`` was accounted: ``math`` (saves the T x T probabilities, as
-    CPU and the meta device do) or ``flash`` (saves q, k, v, the output and the log-sum-exp: CUDA)."""
-
-    @property
-    def n_params(self) -> int:
-        return sum(p.numel for p in self.params)
-
-    def activations(self, ac: str = "none") -> int:
-        """Peak activation bytes with activation checkpointing ``none``, ``full`` or every K-th block."""
-        total = self.act_other + sum(self.act_by_block) + self.largest_act
-        if ac == "none" or not self.n_blocks:
-            return total
-        k = 1 if ac == "full" else int(ac)
-        ckpt = [i for i in range(self.n_blocks) if i % k == 0]
-        saved = self.act_other + sum(a for i, a in enumerate(self.act_by_block) if i % k)
-        saved += sum(self.block_input_bytes[i] for i in ckpt)
-        return saved + max(self.act_by_block[i] for i in ckpt) + self.largest_act
-
-
-def _meta_like(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    dt = dtype if dtype is not None and t.is_floating_point() else t.dtype
-    return torch.empty(t.shape, dtype=dt, device="meta", requires_grad=t.requires_grad)
-
-
-def _batch(sample: Any, micro_batch: int) -> Any:
-    if isinstance(sample, torch.Tensor):
-        return torch.empty((micro_batch, *sample.shape), dtype=sample.dtype, device="meta")
-    if isinstance(sample, (tuple, list)):
-        return type(sample)(_batch(s, micro_batch) for s in sample)
-    if isinstance(sample, dict):
-        return {k: _batch(v, micro_batch) for k, v in sample.items()}
-    return sample
-
-
-def profile_model(
-    model: nn.Module,
-    sample: tuple[Any, Any],
-    *,
-    micro_batch: int,
-    compute_dtype: str = "fp32",
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-    shard_modules: str = "auto",
-    attention: str = "math",
-) -> ModelProfile:
-    """Profile ``model`` (on any device, or meta) for one micro-batch of ``sample`` = one dataset item.
-
-    The forward runs through ``torch.func.functional_call`` with meta stand-ins for every parameter and
-    buffer: nothing is allocated or computed, and the model itself is not touched. ``attention="flash"``
-    accounts ``F.scaled_dot_product_attention`` as CUDA's flash / memory-efficient kernels run it (O(T)
-    saved per head) instead of the math path the meta device takes (the T x T probabilities).
-    """
-    from torch.func import functional_call
-
-    from disttrain.dist.fsdp import find_blocks
-    from disttrain.train.loss import cross_entropy
-
-    blocks = find_blocks(model, shard_modules)
-    owner: dict[int, int] = {}
-    for i, b in enumerate(blocks):
-        for p in b.parameters():
-            owner.setdefault(id(p), i)
-    params = tuple(ParamInfo(tuple(p.shape), owner.get(id(p), -1), p.requires_grad) for p in model.parameters())
-
-    cdt = DTYPES[compute_dtype]
-    stand_ins = {n: _meta_like(t, cdt) for n, t in model.named_parameters(remove_duplicate=False)}
-    stand_ins.update({n: _meta_like(t, None) for n, t in model.named_buffers(remove_duplicate=False)})
-    param_storages = {t.untyped_storage()._cdata for t in stand_ins.values()}
-    current = [-1]
-    block_in = [0] * len(blocks)
-    saved: dict[int, tuple[int, int]] = {}
-    keep: list[torch.Tensor] = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = t.untyped_storage()._cdata
-        if key not in saved and key not in param_storages:
-            saved[key] = (t.untyped_storage().nbytes(), current[0])
-            keep.append(t)  # the storage must outlive the profile, so that its address is not reused
-        return t
-
-    def enter(i: int) -> Callable[..., None]:
-        def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
-            current[0] = i
-            if args and isinstance(args[0], torch.Tensor):
-                block_in[i] = args[0].numel() * args[0].element_size()
-
-        return hook
-
-    def leave(_m: nn.Module, _a: Any, _o: Any) -> None:
-        current[0] = -1
-
-    handles = [h for i, b in enumerate(blocks) for h in (b.register_forward_pre_hook(enter(i)),
-               b.register_forward_hook(leave))]  # fmt: skip
-    x, y = _batch(sample[0], micro_batch), _batch(sample[1], micro_batch)
-    kernels = _FlashAttentionSaves() if attention == "flash" else contextlib.nullcontext()
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), kernels:
-            out = functional_call(model, stand_ins, (x,))
-            (loss_fn or cross_entropy)(out, y)
-    except Exception as e:  # a model whose forward cannot run on meta tensors
-        raise ConfigError(
-            f"cannot profile the model on the meta device ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-            "the memory plan needs a forward that runs on meta tensors (no .item(), no data-dependent shapes); "
-            "force a strategy with --parallel.strategy ddp|fsdp"
-        ) from None
-    finally:
-        for h in handles:
-            h.remove()
-    by_block = [0] * len(blocks)
-    other = 0
-    for nbytes, where in saved.values():
-        if where >= 0:
-            by_block[where] += nbytes
-        else:
-            other += nbytes
-    largest = max((b for b, _ in saved.values()), default=0)
-    return ModelProfile(params, len(blocks), tuple(by_block), other, tuple(block_in), largest, micro_batch,
-                        compute_dtype, attention)  # fmt: skip
-
-
-class _FlashSaves(torch.autograd.Function):
-    """Meta stand-in for a fused attention kernel: the output's shape, and what its backward keeps."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # the log-sum-exp per query row
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:  # pragma: no cover - the profile never runs backward
-        raise NotImplementedError
-
-
-class _FlashAttentionSaves(torch.overrides.TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` to :class:`_FlashSaves` while profiling for CUDA. A mask
-    given as a tensor is an input the graph already holds, so it adds nothing here either."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            q, k, v = (args[i] if i < len(args) else kwargs[n] for i, n in enumerate(("query", "key", "value")))
-            return _FlashSaves.apply(q, k, v)
-        return func(*args, **kwargs)
 
 
 def local_device(cfg: JobConfig) -> str:
@@ -318,10 +131,6 @@ class Estimate:
             },
             "recommendation": {"strategy": self.choice, "reason": self.reason},
         }
-
-
-def sharded_bytes(params: tuple[ParamInfo, ...], n: int, nbytes: int, trainable_only: bool = False) -> int:
-    return sum(p.shard_numel(n) * nbytes for p in params if p.trainable or not trainable_only)
 
 
 def _unit_bytes(params: tuple[ParamInfo, ...], unit: int, n: int, nbytes: int) -> int:
@@ -432,49 +241,6 @@ def column_for(strategy: str, cfg: JobConfig) -> str:
     return "fsdp_no_reshard" if cfg.parallel.reshard_after_forward == "never" else "fsdp"
 
 
-def render(est: Estimate) -> str:
-    """The per-rank table as text, then the recommendation."""
-    lay = est.layout
-    cols = list(COLUMNS)
-    head = ["per rank", *(LABELS[c] for c in cols)]
-    shard_row = ["shard degree", *(str(est.plans[c].shard) for c in cols)]
-    rows = [shard_row]
-    names = {
-        "params": "parameters (fp32)",
-        "grads": "gradients (fp32)",
-        "optimizer": "optimizer (AdamW)",
-        "gathered": "gathered / low-prec copies",
-        "activations": f"activations (AC {est.ac})",
-    }
-    for key in ROWS[:-1]:
-        rows.append([names[key], *(fmt_bytes(est.plans[c].row(key)) for c in cols)])
-    rows.append([f"activations (AC {est.ac_alt})", *(fmt_bytes(est.activations_alt) for _ in cols)])
-    rows.append(["host memory (offload)", *(fmt_bytes(est.plans[c].host) if est.plans[c].host else "-" for c in cols)])
-    rows.append(["total peak", *(fmt_bytes(est.plans[c].total) for c in cols)])
-    rows.append([f"fits {fmt_bytes(lay.budget)}?", *("yes" if est.fits[c] else "NO" for c in cols)])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = "  ".join("-" * w for w in widths)
-    out = [
-        f"memory plan per rank: {est.profile.n_params / 1e6:,.1f}M parameters, {lay.nproc} rank(s) x "
-        f"{lay.nnodes} node(s), micro-batch {est.profile.micro_batch}, {est.profile.compute_dtype} compute, "
-        f"{est.profile.attention} attention, "
-        f"device memory {fmt_bytes(lay.device_memory)} - {lay.headroom:.0%} headroom",
-        _line(head, widths),
-        line,
-    ]
-    for r in rows:
-        out.append(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-        )
-    out.append(f"recommended: {est.choice} — {est.reason}")
-    return "\n".join(out)
-
-
-def _line(cells: list[str], widths: list[int]) -> str:
-    """First cell left-aligned, the others right-aligned."""
-    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-
-
 def resolve_device_memory(spec: str, device_type: str, nproc: int) -> int:
     """'auto' -> the GPU's total memory, or host RAM / nproc on CPU; else the parsed size."""
     if spec != "auto":
@@ -496,8 +262,9 @@ def resolved_precision(cfg: JobConfig, device_type: str | None = None) -> JobCon
     return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device_type))
 
 
-def plan_job(cfg: JobConfig, layout: Layout, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None) -> Estimate:
-    """Build the configured model on the meta device, profile it, and estimate every strategy."""
+def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn) -> Estimate:
+    """Build the configured model on the meta device, profile it with the caller's ``loss_fn`` (the job's
+    loss: :func:`disttrain.train.loss.cross_entropy` for the bundled models), and estimate every strategy."""
     device = target_device(cfg)
     cfg = resolved_precision(cfg, device)
     from disttrain.build import build_data, build_model, vocab_size
@@ -550,9 +317,10 @@ def auto_strategy(
     cfg: JobConfig,
     world: int,
     local: int,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    loss_fn: LossFn,
 ) -> tuple[str, str]:
-    """'auto' for a model already in hand (the Python API): plan it where it runs, then :func:`decide`.
+    """'auto' for a model already in hand (the Python API): plan it where it runs, with the Trainer's
+    ``loss_fn``, then :func:`decide`.
 
     A model the planner cannot run on meta tensors gets the plain default (DDP), with the reason saying so.
     """

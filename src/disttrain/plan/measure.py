@@ -1,4 +1,4 @@
-"""Measured memory per rank, to hold the plan (``memory.py``) to account.
+"""Measured memory per rank, to hold the plan (:mod:`disttrain.plan.estimate`) to account.
 
 Exact accounting, not sampling, for what the plan predicts exactly: after an optimizer step (before
 ``zero_grad``) every rank sums the storage its tensors really hold — parameters, ``.grad``, AdamW state —
@@ -9,20 +9,21 @@ shards, DDP's bucket views), so padding shows. Activations are the bytes autogra
 before the model was built.
 
 ``disttrain estimate --measure`` calls :func:`measure` (one launch per strategy, so that every RSS peak
-starts from a fresh process); the workers run this module under torchrun.
+starts from a fresh process); the workers run this module under torchrun, started through
+:func:`disttrain.launch.torchrun.run_module_captured`.
+May import: everything below ``disttrain.cli`` (it starts workers and runs the Trainer's steps).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from disttrain.config import JobConfig, from_dict, to_dict
+from disttrain.launch.torchrun import run_module_captured, threads_per_rank
+from disttrain.utils.process import run_and_exit
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -138,18 +141,13 @@ class RssPeak:
 
 
 def _step(trainer: Any, keep_grads: bool, saved: SavedBytes | None = None) -> None:
-    """``Trainer.train_step`` up to ``optimizer.step()``; without ``zero_grad`` when ``keep_grads``."""
-    micro = trainer.loader.next_step()
-    for i, batch in enumerate(micro):
-        x, y = trainer._to_device(batch)
-        with trainer.model.sync(i == len(micro) - 1):
-            with trainer.model.autocast():
-                if saved is not None and i == 0:
-                    with saved:
-                        loss = trainer.loss_fn(trainer.model(x), y)
-                else:
-                    loss = trainer.loss_fn(trainer.model(x), y)
-            (loss / len(micro)).backward()
+    """``Trainer.train_step`` up to ``optimizer.step()``; without ``zero_grad`` when ``keep_grads``; the first
+    micro-step's forward and loss inside ``saved`` (counting what autograd saves)."""
+
+    def around_forward(i: int) -> Any:
+        return saved if saved is not None and i == 0 else contextlib.nullcontext()
+
+    trainer.forward_backward(trainer.loader.next_step(), around_forward=around_forward)
     trainer.model.clip_grad_norm_(trainer.cfg.optim.grad_clip)
     trainer.optimizer.step()
     if not keep_grads:
@@ -200,31 +198,25 @@ def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2) ->
 
 
 def measure(cfg: JobConfig, nproc: int, strategies: list[str], steps: int = 2, timeout: float = 600) -> dict[str, Any]:
-    """One launch of ``nproc`` ranks per strategy; per strategy, the largest rank's figures."""
-    from disttrain.launch.torchrun import threads_per_rank
-
+    """One launch of ``nproc`` ranks per strategy; per strategy, the largest rank's figures, or
+    ``{"error": "exit N: <the launch's last lines>"}`` when it failed."""
+    device = cfg.parallel.device if cfg.parallel.device != "auto" else "cpu"
+    env = {
+        "OMP_NUM_THREADS": str(threads_per_rank(nproc, device)),
+        # glibc keeps freed blocks resident once its mmap threshold has grown: fix the threshold so that
+        # large tensors are mmap'd and unmapped, and the RSS peak follows the live tensors
+        "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "65536"),
+    }
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="disttrain-measure-") as tmp:
         for s in strategies:
             spec = Path(tmp) / f"{s}.json"
             spec.write_text(json.dumps({"config": to_dict(cfg), "strategies": [s], "steps": steps, "out": tmp}))
-            device = cfg.parallel.device if cfg.parallel.device != "auto" else "cpu"
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(nproc, device))}
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            # glibc keeps freed blocks resident once its mmap threshold has grown: fix the threshold so that
-            # large tensors are mmap'd and unmapped, and the RSS peak follows the live tensors
-            env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-            proc = subprocess.run(
-                [*argv, "-m", "disttrain.plan.measure", str(spec)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
+            code, tail = run_module_captured(
+                "disttrain.plan.measure", [str(spec)], nproc, device, env=env, timeout=timeout
             )
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-                results[s] = {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+            if code != 0:
+                results[s] = {"error": f"exit {code}: {tail}"}
                 continue
             ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text())[s] for r in range(nproc)]
             results[s] = max(ranks, key=lambda r: r["params"] + r["grads"] + r["optimizer"])
@@ -232,6 +224,7 @@ def measure(cfg: JobConfig, nproc: int, strategies: list[str], steps: int = 2, t
 
 
 def worker(spec_path: str) -> None:
+    """One rank of a :func:`measure` launch: measure the spec's strategies, write ``rank<R>.json``."""
     from disttrain.dist.env import destroy_distributed, init_distributed
 
     spec = json.loads(Path(spec_path).read_text())
@@ -243,7 +236,4 @@ def worker(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1])
-    sys.stdout.flush()
-    time.sleep(0)
-    os._exit(0)  # skip interpreter teardown (gloo/DDP destructors can deadlock there; see job.py)
+    run_and_exit(lambda: worker(sys.argv[1]))  # skips interpreter teardown (gloo/DDP destructors can deadlock)

@@ -1,0 +1,110 @@
+"""Dotted command-line overrides (``--train.steps 500``) on top of a JobConfig: tyro does the typing and the
+help text (from the field docstrings); a mistake becomes one :class:`ConfigError` line, not tyro's box."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import re
+
+from disttrain.config.job import JobConfig, known_keys
+from disttrain.errors import ConfigError
+
+_RULE = re.compile(r"[-─━]{3,}")  # tyro's horizontal rules: '-----' without a terminal, box lines with one
+_BOX = " \t│╭╮╰╯┃┏┓┗┛"
+_PYTHON_PHRASES = (  # int('ten') / float('x') in tyro's messages, in the words the TOML checks use
+    (re.compile(r"invalid literal for int\(\) with base 10: (.+)"), r"expected an integer, got \1"),
+    (re.compile(r"could not convert string to float: (.+)"), r"expected a number, got \1"),
+)
+_UNION = re.compile(r"(\S+): no type matching (\S+) could be instantiated from \[(.*?)\]\.")  # X | None
+
+
+def _flag_key(token: str) -> str | None:
+    """'--train.global-batch=4' -> 'train.global_batch'; None for tokens that are not dotted options."""
+    if not token.startswith("--") or "." not in token:
+        return None
+    key = token[2:].split("=", 1)[0].replace("-", "_")
+    sec, _, name = key.partition(".")
+    return f"{sec}.{name}"
+
+
+def check_override_keys(argv: list[str]) -> None:
+    """Reject unknown ``--section.key`` options up front, naming the closest known one."""
+    keys = set(known_keys())
+    for tok in argv:
+        key = _flag_key(tok)
+        if key is None:
+            if tok.startswith("--") and tok not in ("--help", "-h"):
+                raise ConfigError(f"unknown option {tok}: options look like --section.key (e.g. --train.steps 500)")
+            continue
+        sec, _, name = key.partition(".")
+        if key in keys or (name.startswith("no_") and f"{sec}.{name[3:]}" in keys):
+            continue
+        flag = tok.split("=", 1)[0]
+        close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.5)
+        hint = f"; did you mean --{close[0]}?" if close else "; see `disttrain run --help`"
+        raise ConfigError(f"unknown option {flag}{hint}")
+
+
+def _tyro_blocks(captured: str) -> list[list[str]]:
+    """tyro's error box as its blocks of text lines, split at its rules (a rule's own text, the box title,
+    is a block of its own)."""
+    blocks: list[list[str]] = [[]]
+    for raw in captured.splitlines():
+        text = _RULE.sub(" ", raw).strip(_BOX).strip()
+        if _RULE.search(raw):
+            blocks += [[text], []] if text else [[]]
+        elif text:
+            blocks[-1].append(text)
+    return [b for b in blocks if b]
+
+
+def tyro_message(captured: str) -> str:
+    """tyro's boxed error message as one clean line: the error, then the option's help when tyro gave it
+    ('--train.steps: expected an integer, got 'ten'; help: --train.steps INT  Optimizer steps. (default: 300)')."""
+    blocks = [b for b in _tyro_blocks(captured) if not b[0].startswith(("For full helptext", "usage:"))]
+    if len(blocks) > 1:
+        blocks = blocks[1:]  # the title ('Value error', 'Invalid choice') says less than the message
+    message, help_text = "", ""
+    for block in blocks:
+        if block[0].rstrip(":") == "Argument helptext":
+            help_text = "  ".join([block[1], " ".join(block[2:])]).strip() if len(block) > 1 else ""
+        elif not message:
+            message = _clean(" ".join(block))
+    if not message:
+        return "invalid command-line options; see `disttrain run --help`"
+    return f"{message}; help: {help_text}" if help_text else message
+
+
+def _clean(message: str) -> str:
+    """tyro's message without its prefixes and Python's int()/float() wording."""
+    message = re.sub(r"^Error parsing ", "", message)
+    message = re.sub(r"^(\w+): (?=\1\.)", "", message)  # 'train: train.steps must be ...'
+    if union := _UNION.match(message):  # '{None}|INT could be instantiated from ['x']. Got errors: ...'
+        kinds = sorted((k.strip("{}") for k in union.group(2).split("|")), key=lambda k: k == "None")
+        return f"{union.group(1)}: expected {' or '.join(kinds)}, got {union.group(3)}"
+    for pattern, words in _PYTHON_PHRASES:
+        message = pattern.sub(words, message)
+    return message
+
+
+def apply_overrides(base: JobConfig, argv: list[str], prog: str = "disttrain run") -> JobConfig:
+    """Apply ``--section.key value`` overrides to ``base`` (tyro does the typing and the help text)."""
+    import tyro
+
+    check_override_keys(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        return tyro.cli(JobConfig, default=base, args=argv, prog=prog)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
+            return tyro.cli(JobConfig, default=base, args=argv, prog=prog)
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        raise ConfigError(tyro_message(err.getvalue())) from None
+    except ConfigError:
+        raise
+    except ValueError as e:  # a __post_init__ check, raised while tyro builds the dataclass
+        raise ConfigError(str(e)) from None

@@ -1,0 +1,99 @@
+"""How a job is spread over processes and nodes: the parallel and launch sections."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from disttrain.config.values import check, parse_bytes
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+    """How the model is spread over ranks."""
+
+    strategy: Literal["auto", "single", "ddp", "fsdp", "hsdp"] = "auto"
+    """single (one process), ddp, fsdp (FSDP2), hsdp (replicate across nodes x shard within), or auto
+    (from the memory plan: ddp while it fits the device, else fsdp, or hsdp across nodes)."""
+    nproc: int | None = None
+    """Processes on this node (default: one per GPU, or 2 on a CPU machine)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device type (auto: cuda if available)."""
+    oversubscribe: bool = False
+    """Allow more CPU processes than cores (for trying sharding on a laptop)."""
+    replicate: int = -1
+    """HSDP replica groups (-1 = the rest: world size / shard; default one per node)."""
+    shard: int = -1
+    """HSDP shard group size (-1 = the rest; default the ranks of one node)."""
+    device_memory: str = "auto"
+    """Memory of one device for the plan, e.g. '80GiB' (auto: the GPU's, or host RAM / nproc on CPU)."""
+    memory_headroom: float = 0.1
+    """Fraction of device memory the plan keeps free (allocator fragmentation, comm buffers)."""
+    force: bool = False
+    """Run a forced strategy even when the memory plan says it does not fit."""
+    activation_checkpointing: str = "none"
+    """Recompute block activations in backward: none, full (every block), or K (every K-th block)."""
+    offload: bool = False
+    """FSDP/HSDP: keep sharded params, grads and optimizer state in host memory (CPUOffloadPolicy)."""
+    shard_modules: str = "auto"
+    """What FSDP wraps as one unit: 'auto' (the largest ModuleList), a class name ('Block'),
+    or the dotted path of a ModuleList ('transformer.h')."""
+    reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """Free gathered params after forward: always (ZeRO-3), never (ZeRO-2),
+    default (always except the last block, which backward needs at once)."""
+    forward_prefetch: int = 0
+    """Explicitly all-gather the next K blocks in forward (0 = FSDP's implicit one-ahead)."""
+    backward_prefetch: int = 0
+    """Explicitly all-gather the previous K blocks in backward (0 = implicit)."""
+    ddp_bucket_mb: float = 25.0
+    """DDP gradient bucket size in MiB."""
+    timeout_s: float = 600.0
+    """Collective timeout in seconds (a hang fails with a message after this)."""
+
+    def __post_init__(self) -> None:
+        check(self.nproc is None or self.nproc >= 1, f"parallel.nproc must be >= 1, got {self.nproc}")
+        for key in ("replicate", "shard"):
+            v = getattr(self, key)
+            check(v == -1 or v >= 1, f"parallel.{key} must be >= 1, or -1 for the rest; got {v}")
+        check(
+            0 <= self.memory_headroom < 1,
+            f"parallel.memory_headroom must be in [0, 1), got {self.memory_headroom}; 0.1 keeps 10% free",
+        )
+        if self.device_memory != "auto":
+            parse_bytes(self.device_memory, "parallel.device_memory")
+        check(
+            not (self.offload and self.strategy in ("single", "ddp")),
+            f"parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp, hsdp or auto, "
+            f"not {self.strategy!r}",
+        )
+        ac = self.activation_checkpointing
+        check(
+            ac in ("none", "full") or (ac.isdigit() and int(ac) >= 1),
+            f"parallel.activation_checkpointing must be none, full, or K >= 1 (every K-th block), got {ac!r}",
+        )
+        check(self.forward_prefetch >= 0, f"parallel.forward_prefetch must be >= 0, got {self.forward_prefetch}")
+        check(self.backward_prefetch >= 0, f"parallel.backward_prefetch must be >= 0, got {self.backward_prefetch}")
+        check(self.ddp_bucket_mb > 0, f"parallel.ddp_bucket_mb must be > 0, got {self.ddp_bucket_mb}")
+        check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclasses.dataclass
+class LaunchConfig:
+    """Processes, nodes and restarts (torchrun semantics)."""
+
+    nnodes: str = "1"
+    """Number of nodes, or MIN:MAX for elastic jobs."""
+    node_rank: int = 0
+    """This node's rank (static rendezvous)."""
+    rdzv_endpoint: str | None = None
+    """host:port of the rendezvous (multi-node)."""
+    max_restarts: int = 0
+    """Restart the whole group this many times after a failure."""
+
+    def __post_init__(self) -> None:
+        check(self.max_restarts >= 0, f"launch.max_restarts must be >= 0, got {self.max_restarts}")
+        parts = self.nnodes.split(":")
+        check(
+            1 <= len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts),
+            f"launch.nnodes must be N or MIN:MAX with N >= 1, got {self.nnodes!r}",
+        )

@@ -1,0 +1,45 @@
+"""Small shared pieces of the config: the dtype names, the check helper, byte sizes, close-match hints."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import torch
+
+from disttrain.errors import ConfigError
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtype names the config accepts (compute, reduction, export)."""
+
+
+def check(cond: bool, msg: str) -> None:
+    """Raise :class:`ConfigError` with ``msg`` (the rule, the value and the fix) unless ``cond``."""
+    if not cond:
+        raise ConfigError(msg)
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: str, what: str = "memory size") -> int:
+    """'80GiB', '512MB', '1.5T', '1000000' -> bytes; ConfigError saying the accepted forms otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(
+            f"{what}: cannot read {text!r} as a size; write a number and a unit, e.g. 80GiB, 24GB, 512MiB"
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending (for "try ..." hints)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def suggest(name: str, choices: list[str]) -> str:
+    """'; did you mean X?' for the closest of ``choices``, else the list of them."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(choices))}"

@@ -1,0 +1,167 @@
+"""The layout holds: imports only point down the layers, no import cycles, small modules and functions.
+
+Checked with ``ast`` over the source (function-level imports included, ``if TYPE_CHECKING:`` imports not:
+they never run), so a new arrow against the flow fails here instead of surfacing as an import cycle later.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "disttrain"
+
+# Lower numbers are imported by higher ones, never the reverse. Within one layer, a module may import only
+# from its own top-level package (checkpoint and health, say, stay independent of each other).
+LAYERS: dict[str, int] = {
+    "disttrain.errors": 0,
+    "disttrain.utils": 0,
+    "disttrain.config": 1,
+    "disttrain.models": 2,
+    "disttrain.data": 2,
+    "disttrain.build": 3,
+    "disttrain.dist": 4,
+    "disttrain.checkpoint": 5,
+    "disttrain.health": 5,
+    "disttrain.plan": 6,  # profile / estimate / render: arithmetic over a model
+    "disttrain.train": 7,
+    "disttrain.launch": 8,
+    "disttrain.plan.measure": 9,  # starts workers and runs training steps: above launch and train
+    "disttrain.plan.command": 9,
+    "disttrain.cli": 10,
+    "disttrain": 11,  # the package's public face re-exports from everywhere
+}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def layer_key(module: str) -> str:
+    """The most specific entry of LAYERS that ``module`` belongs to."""
+    keys = [k for k in LAYERS if module == k or module.startswith(k + ".")]
+    assert keys, f"{module} is in no layer: add its package to LAYERS in {__file__}"
+    return max(keys, key=len)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def imports_of(path: Path, modules: set[str], me: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) of every disttrain module ``path`` (module ``me``) imports, at any depth; ``from pkg import
+    mod`` resolves to ``pkg.mod`` when that is a module."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    me = me or module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        found += [(node.lineno, n) for n in names if n == "disttrain" or n.startswith("disttrain.")]
+    return found
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    modules = all_modules()
+    wrong = []
+    for me, path in modules.items():
+        mine = layer_key(me)
+        for line, target in imports_of(path, set(modules)):
+            theirs = layer_key(target)
+            up = LAYERS[theirs] > LAYERS[mine]
+            sideways = LAYERS[theirs] == LAYERS[mine] and theirs.split(".")[1:2] != mine.split(".")[1:2]
+            if (up or sideways) and mine != "disttrain":
+                wrong.append(f"{path.relative_to(ROOT)}:{line} {me} (layer {LAYERS[mine]}) imports {target} "
+                             f"(layer {LAYERS[theirs]})")  # fmt: skip
+    assert not wrong, "imports against the flow:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycles() -> None:
+    modules = all_modules()
+    graph = {m: {t for _, t in imports_of(p, set(modules)) if t in modules and t != m} for m, p in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(t) :], t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def python_files() -> list[Path]:
+    return [p for d in ("src", "benchmarks", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
+
+
+def long_functions(text: str) -> list[str]:
+    return [
+        f"{node.name} (line {node.lineno}): {(node.end_lineno or node.lineno) - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+@pytest.mark.parametrize("path", python_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_stay_small(path: Path) -> None:
+    text = path.read_text()
+    n = len(text.splitlines())
+    assert n <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)} has {n} lines (limit {MAX_MODULE_LINES}): split it"
+    long = long_functions(text)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines in {path.relative_to(ROOT)}: {long}"
+
+
+def test_every_module_says_what_it_owns() -> None:
+    missing = [str(p.relative_to(ROOT)) for p in SRC.rglob("*.py") if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert not missing, f"modules without a docstring: {missing}"
+
+
+def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
+    """The checkers themselves: an upward function-level import, a TYPE_CHECKING one ignored, a long function."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from disttrain.cli import main\n\n\n"
+        "def f() -> None:\n    from disttrain.train import trainer\n"
+    )
+    mods = {"disttrain.train.trainer", "disttrain.dist.probe", "disttrain.cli"}
+    found = imports_of(probe, mods, me="disttrain.dist.probe")
+    assert found == [(8, "disttrain.train.trainer")]
+    assert LAYERS[layer_key(found[0][1])] > LAYERS[layer_key("disttrain.dist.probe")]
+    assert long_functions("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES) == ["f (line 1): 61 lines"]
+    assert long_functions("def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)) == []
