@@ -172,6 +172,39 @@ def test_the_fault_hook_costs_the_same_at_any_step(monkeypatch: pytest.MonkeyPat
     assert mon._burned >= 0.01
 
 
+def test_the_hang_verdict_names_the_rank_behind_not_the_one_waiting_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 waits in backward's all-reduce for rank 1, stuck in forward: heartbeats are seen to within one
+    period, so rank 0's idle time can pass the timeout first. The verdict must wait for rank 1 and name it
+    (it once named rank 0 under load), and a heartbeat written after the exit record must keep it."""
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    mon = HealthMonitor(HealthConfig(hang_timeout_s=3.0, heartbeat_s=0.25), 0, 2, tmp_path, 600.0)
+    mon._store = torch.distributed.HashStore()
+    mon.step_times.append(0.1)
+    verdicts: list[dict[str, Any]] = []
+    monkeypatch.setattr(mon, "_on_verdict", verdicts.append)
+
+    def beat(rank: int, phase: str, in_phase_s: float) -> None:
+        hb = {"rank": rank, "attempt": 0, "step": 5, "phase": phase, "in_phase_s": in_phase_s, "stats": {}}
+        mon._store.set(f"hb/{rank}", json.dumps(hb))
+
+    beat(0, "backward", 3.2)
+    beat(1, "forward", 2.9)
+    mon._watch()
+    assert verdicts == []  # only the waiting rank is over: not yet a verdict
+    beat(1, "forward", 3.1)
+    mon._watch()
+    (verdict,) = verdicts
+    assert [s["rank"] for s in verdict["stuck"]] == [1] and verdict["waiting"] == [0]
+    assert verdict["stuck"][0]["step"] == 6 and verdict["stuck"][0]["phase"] == "forward"
+
+    health.record_exit(tmp_path, 1, "hang: rank 1")
+    health.write_state(tmp_path, 1, {"rank": 1, "attempt": 0, "step": 5, "phase": "forward"})
+    state = json.loads((tmp_path / "health" / "attempt0-rank1.json").read_text())
+    assert state["exit"] == "hang: rank 1" and state["phase"] == "forward"
+
+
 # -- stragglers ----------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_slow_rank_is_named_a_straggler(tmp_path: Path, small_text: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,17 +34,43 @@ def log_event(run_dir: Path | None, kind: str, **fields: Any) -> dict[str, Any]:
     return event
 
 
-def record_exit(run_dir: Path | None, rank: int, reason: str) -> None:
-    """Note in this rank's state file why it is leaving (read after a restart to say what happened)."""
-    if run_dir is None:
-        return
-    path = health_dir(run_dir) / f"attempt{attempt()}-rank{rank}.json"
+_state_lock = threading.Lock()  # the heartbeat thread, the watchdog and the main thread all write the file
+
+
+def _state_path(run_dir: Path, rank: int) -> Path:
+    return health_dir(run_dir) / f"attempt{attempt()}-rank{rank}.json"
+
+
+def _read_state(path: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
-        state = {"attempt": attempt(), "rank": rank}
-    if state.get("attempt") == attempt() and not state.get("exit"):  # the first reason is the root cause
-        path.write_text(json.dumps({**state, "exit": reason}))
+        return {}
+    return state if state.get("attempt") == attempt() else {}
+
+
+def write_state(run_dir: Path | None, rank: int, state: dict[str, Any]) -> None:
+    """Mirror this rank's heartbeat to ``health/attempt<k>-rank<r>.json``, keeping an exit reason already
+    recorded there (a heartbeat written after the exit record must not erase the root cause)."""
+    if run_dir is None:
+        return
+    path = _state_path(run_dir, rank)
+    with _state_lock:
+        if exit_reason := _read_state(path).get("exit"):
+            state = {**state, "exit": exit_reason}
+        path.write_text(json.dumps(state))
+
+
+def record_exit(run_dir: Path | None, rank: int, reason: str) -> None:
+    """Note in this rank's state file why it is leaving (read after a restart to say what happened).
+    The first reason is kept: it is the root cause, later ones are its consequences."""
+    if run_dir is None:
+        return
+    path = _state_path(run_dir, rank)
+    with _state_lock:
+        state = _read_state(path) or {"attempt": attempt(), "rank": rank}
+        if not state.get("exit"):
+            path.write_text(json.dumps({**state, "exit": reason}))
 
 
 def last_states(run_dir: Path, prev_attempt: int) -> dict[int, dict[str, Any]]:

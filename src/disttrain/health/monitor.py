@@ -32,7 +32,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from disttrain.config import HealthConfig
-from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error
+from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error, write_state
 from disttrain.utils.faults import fault_matches
 
 log = logging.getLogger("disttrain")
@@ -246,10 +246,9 @@ class HealthMonitor:
         except Exception:
             if not final:
                 raise
-        if self.run_dir is not None and self.verdict is None:  # after a hang verdict: keep its exit record
-            if final:
-                beat["exit"] = "finished"
-            (health_dir(self.run_dir) / f"attempt{attempt()}-rank{self.rank}.json").write_text(json.dumps(beat))
+        if final:
+            beat["exit"] = "finished"
+        write_state(self.run_dir, self.rank, beat)  # keeps an exit reason (a hang verdict's) recorded first
 
     def _watch(self) -> None:
         keys = [f"hb/{r}" for r in range(self.world)]
@@ -267,16 +266,20 @@ class HealthMonitor:
             # seconds since this rank last moved, by its own clock, plus how stale its heartbeat is by ours
             idle[r] = hb["in_phase_s"] + (now - self._seen[r][1])
         self._check_stragglers(beats)
-        over = [
-            r
-            for r, hb in beats.items()
-            if hb["phase"] != "done" and idle[r] > self.timeout(hb["phase"] if hb["step"] else "init")
-        ]
-        if not over:
+        # The culprit is the rank furthest behind: the others wait for it in a collective, and their idle
+        # time (estimated to within a heartbeat) can pass the timeout a moment before its own does.
+        live = [r for r, hb in beats.items() if hb["phase"] != "done"]
+        if not live:
             return
-        order = {r: (beats[r]["step"], PHASES.index(beats[r]["phase"])) for r in over}
+        order = {r: (beats[r]["step"], PHASES.index(beats[r]["phase"])) for r in live}
         behind = min(order.values())
-        stuck = sorted(r for r in over if order[r] == behind)
+        stuck = [
+            r
+            for r in sorted(live)
+            if order[r] == behind and idle[r] > self.timeout(beats[r]["phase"] if beats[r]["step"] else "init")
+        ]
+        if not stuck:
+            return
         verdict = {
             "stuck": [
                 {
