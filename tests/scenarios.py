@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import FSDPModule
 
-from disttrain.build import build_model
+from disttrain.build import build_for_training
 from disttrain.checkpoint import CheckpointManager
 from disttrain.config import from_dict
 from disttrain.data.loader import collate, to_device
@@ -145,7 +145,7 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     torch.manual_seed(cfg.train.seed)
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
-    model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy in ("fsdp", "hsdp"))
+    model = build_for_training(cfg, text.tokenizer.vocab_size, strategy in ("fsdp", "hsdp"))
     fixed = collate([text.val[i * 97] for i in range(8)])
     ckpt = None
     if "ckpt_folder" in spec:

@@ -31,6 +31,11 @@ class ParallelConfig:
     """Fraction of device memory the plan keeps free (allocator fragmentation, comm buffers)."""
     force: bool = False
     """Run a forced strategy even when the memory plan says it does not fit."""
+    init: Literal["auto", "meta", "cpu"] = "auto"
+    """How FSDP/HSDP models are built: meta (on the meta device, then each rank initialises only its
+    shards: no full copy in memory; the model must say how to initialise itself), cpu (the full model
+    on every rank with the same seed, then sharded: any model, one full copy per rank while starting),
+    or auto (meta when the model defines init_param, init_weights or is a Hugging Face model, else cpu)."""
     activation_checkpointing: str = "none"
     """Recompute block activations in backward: none, full (every block), or K (every K-th block)."""
     offload: bool = False

@@ -26,6 +26,15 @@ class ModelConfig:
     """Context length in tokens."""
     dropout: float = 0.0
     """Dropout probability."""
+    loss: Literal["cross_entropy", "model"] = "cross_entropy"
+    """cross_entropy (ours, over the logits the model returns) or model (the model's own loss: it is
+    called with ``labels=`` and returns ``loss``, as Hugging Face models do)."""
+    labels: Literal["auto", "targets", "inputs"] = "auto"
+    """With loss = model, what ``labels=`` is: targets (the dataset's), inputs (the input ids, for models
+    that shift labels themselves), or auto (inputs for a Hugging Face causal LM, else targets)."""
+    weights: str | None = None
+    """Pretrained weights to start from: a safetensors file or a folder of them (e.g. one written by
+    Hugging Face's save_pretrained); every rank reads only the slices it holds."""
 
     def __post_init__(self) -> None:
         check(self.n_layers >= 1, f"model.n_layers must be >= 1, got {self.n_layers}")

@@ -93,6 +93,15 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0, threads: in
     return DistEnv(rank, world, local_rank, local_world, dev)
 
 
+def init_single_process_group(device_type: str) -> None:
+    """A process group of one rank, for FSDP / HSDP on one device (a 1-rank mesh): an in-memory store,
+    no port, no torchrun. A no-op when a group exists."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend_for(device_type), store=dist.HashStore(), rank=0, world_size=1)
+    atexit.register(destroy_distributed)
+
+
 def destroy_distributed() -> None:
     """Leave the group cleanly.
 

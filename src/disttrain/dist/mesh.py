@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from disttrain.config import ParallelConfig
+from disttrain.dist.env import init_single_process_group
 from disttrain.errors import ConfigError
 
 STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
@@ -117,6 +118,8 @@ class ParallelDims:
     def mesh(self, device_type: str) -> DeviceMesh:
         """The DeviceMesh, built on first use: 1-D ('dp',) or 2-D ('replicate', 'shard') for HSDP."""
         if self._mesh is None:
+            if self.world_size == 1:
+                init_single_process_group(device_type)  # FSDP on one device (e.g. to offload to host memory)
             if self.hsdp_enabled:
                 self._mesh = init_device_mesh(
                     device_type, (self.replicate, self.shard), mesh_dim_names=("replicate", "shard")

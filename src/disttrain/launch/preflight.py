@@ -1,5 +1,6 @@
-"""The job's inputs checked in the parent before any worker starts: the text file to train on and the
-checkpoint ``checkpoint.resume`` names. A mistake here is one line and exit 2, not a traceback in N workers.
+"""The job's inputs checked in the parent before any worker starts: the text file to train on, the
+pretrained weights (``model.weights``) and the checkpoint ``checkpoint.resume`` names. A mistake here is one
+line and exit 2, not a traceback in N workers.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from disttrain.checkpoint.layout import resume_target
+from disttrain.checkpoint.pretrained import weight_files
 from disttrain.config import JobConfig
 from disttrain.data.text import check_text_data
 from disttrain.errors import ConfigError
@@ -16,6 +18,8 @@ def check_inputs(cfg: JobConfig) -> None:
     """The data file (``data.path``) and the checkpoint to resume from, where they can be checked up front."""
     if cfg.data.path is not None and cfg.data.module is None:
         check_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
+    if cfg.model.weights is not None:
+        weight_files(Path(cfg.model.weights))
     if not cfg.checkpoint.create_seed:
         check_resume(cfg)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from disttrain.build import build_data, build_model, vocab_size
+from disttrain.build import build_data, build_for_training, build_model, vocab_size
 from disttrain.checkpoint.manager import CheckpointManager
 from disttrain.config import JobConfig, load_toml
 from disttrain.data.text import TextData
@@ -61,7 +61,7 @@ def build_trainer(cfg: JobConfig, env: DistEnv, run_dir: Path) -> tuple[Trainer,
     :class:`ParallelDims`."""
     train, val, text = build_data(cfg)
     dims = ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size)
-    model = build_model(cfg, vocab_size(train, text), on_meta=dims.fsdp_enabled)
+    model = build_for_training(cfg, vocab_size(train, text), dims.fsdp_enabled, env.local_world_size)
     ckpt_dir = Path(cfg.checkpoint.folder)
     ckpt = CheckpointManager(
         ckpt_dir if ckpt_dir.is_absolute() else run_dir / ckpt_dir,

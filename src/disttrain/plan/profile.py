@@ -115,10 +115,11 @@ def param_infos(model: nn.Module, blocks: list[nn.Module]) -> tuple[ParamInfo, .
 
 
 def meta_stand_ins(model: nn.Module, compute_dtype: str) -> dict[str, torch.Tensor]:
-    """Meta tensors for every parameter (floating ones in the compute dtype) and buffer, by name."""
+    """Meta tensors for every parameter (floating ones in the compute dtype) and buffer, by name; a tied
+    tensor under its first name only (functional_call ties the others to it)."""
     cdt = DTYPES[compute_dtype]
-    stand_ins = {n: _meta_like(t, cdt) for n, t in model.named_parameters(remove_duplicate=False)}
-    stand_ins.update({n: _meta_like(t, None) for n, t in model.named_buffers(remove_duplicate=False)})
+    stand_ins = {n: _meta_like(t, cdt) for n, t in model.named_parameters()}
+    stand_ins.update({n: _meta_like(t, None) for n, t in model.named_buffers()})
     return stand_ins
 
 

@@ -15,7 +15,10 @@ from typing import Any, TextIO
 
 import torch
 from torch import nn
+from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
+
+from disttrain.models.outputs import logits_of
 
 # Dense (no sparsity) peak TFLOP/s for bf16/fp16 tensor-core matmuls.
 GPU_PEAK_TFLOPS = {
@@ -78,9 +81,10 @@ def flops_per_sample(model: nn.Module, sample_input: torch.Tensor) -> float:
         return float(per_token()) * sample_input.numel()
     device = next(model.parameters()).device
     x = sample_input.unsqueeze(0).to(device)
+    # a meta model may hold real buffers (computed at build time): counted as meta stand-ins, not touched
+    real = {n: b.to("meta") for n, b in model.named_buffers() if not b.is_meta} if device.type == "meta" else {}
     with FlopCounterMode(display=False) as counter:
-        out = model(x)
-        out.float().sum().backward()
+        logits_of(functional_call(model, real, (x,))).float().sum().backward()
     for p in model.parameters():
         p.grad = None
     return float(counter.get_total_flops())

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import Dataset
 
 from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model
+from disttrain.checkpoint.pretrained import load_pretrained
 from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches, to_device
 from disttrain.dist.env import DistEnv, init_distributed, resolve_precision, seed_everything
@@ -34,7 +35,7 @@ from disttrain.health.monitor import HealthMonitor
 from disttrain.plan.estimate import auto_strategy
 from disttrain.train import metrics as M
 from disttrain.train.loop import FitLoop, FitResult
-from disttrain.train.loss import LossFn, cross_entropy
+from disttrain.train.loss import LossFn, Objective, cross_entropy
 from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler
 from disttrain.utils.faults import fault_point
 from disttrain.utils.gc import GarbageCollection
@@ -63,7 +64,8 @@ class Trainer:
         )
         self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.env.device.type))
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.loss_fn = loss_fn
+        self.objective = Objective.from_config(cfg.model, model, loss_fn)
+        self.loss_fn = self.objective.loss_fn
         self.checkpoint = checkpoint
         self._set_global_modes()
         self.strategy_reason = "forced by parallel.strategy"
@@ -79,6 +81,8 @@ class Trainer:
         self.model: Parallelized = parallelize(
             model, cfg.parallel, cfg.precision, dims=self.dims, device=self.env.device
         )
+        if cfg.model.weights:
+            load_pretrained(self.model.inner, cfg.model.weights)  # each rank reads only its own slices
         self.optimizer = build_optimizer(self.model.module, cfg)
         self._app_state = ModelOptimState(self.model.module, self.optimizer)  # one for the job: it keeps a cache
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
@@ -148,7 +152,7 @@ class Trainer:
             with self.model.sync(i == n - 1):
                 with around_forward(i) if around_forward else contextlib.nullcontext():
                     with self.model.autocast():
-                        out = self.model(x)
+                        out = self.model(x, **self.objective.call_kwargs(x, y))
                     loss = self.loss_fn(out, y)
                 if i == 0:
                     loss = self._inject_faults(loss)
@@ -207,7 +211,7 @@ class Trainer:
         for batch in self.val:
             x, y = to_device(batch, self.env.device)
             with self.model.autocast():
-                out = self.model(x)
+                out = self.model(x, **self.objective.call_kwargs(x, y))
             total += float(self.loss_fn(out, y))
         self.model.module.train()
         (mean,) = self._all_reduce_mean([total / len(self.val)])

@@ -1,0 +1,147 @@
+"""Pretrained weights into a live, possibly sharded model (``--model.weights``), and Hugging Face folders out
+(``disttrain ckpt export --format hf``).
+
+Loading reads safetensors lazily: under FSDP / HSDP each rank reads only the rows of each tensor that its
+shard holds (``safe_open(...).get_slice``), so no rank ever holds the full model. Names are matched
+exactly, or after removing one leading wrapper name (``inner.``) on either side; tied tensors are satisfied
+by any of their names (Hugging Face saves the embedding once). What does not match is listed in one error.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from disttrain.errors import ConfigError
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files at ``path``: the file itself, or every ``*.safetensors`` in the folder."""
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise ConfigError(f"model.weights {path}: not a .safetensors file; save weights with safetensors")
+        return [path]
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        what = "no .safetensors files in that folder" if path.is_dir() else "does not exist"
+        raise ConfigError(f"model.weights {path}: {what}; point it at a safetensors file or a save_pretrained folder")
+    return files
+
+
+def _targets(model: nn.Module) -> dict[str, list[str]]:
+    """What must be loaded: the first name of each parameter / persistent buffer -> all of its names."""
+    names: dict[int, list[str]] = {}
+    for n, t in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(t), []).append(n)
+    persistent = set(model.state_dict().keys())
+    for n, b in model.named_buffers(remove_duplicate=False):
+        if n in persistent:
+            names.setdefault(id(b), []).append(n)
+    return {ns[0]: ns for ns in names.values()}
+
+
+def _strip(name: str, prefix: str) -> str:
+    return name[len(prefix) :] if prefix and name.startswith(prefix) else name
+
+
+def match_names(model_names: dict[str, list[str]], file_names: set[str]) -> dict[str, str]:
+    """model name -> file name, trying no prefix, then a leading wrapper name removed from the model's or
+    the file's names; ConfigError listing what is missing and unexpected when nothing fits exactly."""
+    heads = {n.split(".", 1)[0] + "." for ns in model_names.values() for n in ns if "." in n}
+    heads |= {n.split(".", 1)[0] + "." for n in file_names if "." in n}
+    best: tuple[int, dict[str, str]] = (-1, {})
+    for strip_model, strip_file in [("", ""), *((h, "") for h in heads), *(("", h) for h in heads)]:
+        by_file = {_strip(f, strip_file): f for f in file_names}
+        found = {}
+        for key, aliases in model_names.items():
+            hit = next((by_file[_strip(a, strip_model)] for a in aliases if _strip(a, strip_model) in by_file), None)
+            if hit is not None:
+                found[key] = hit
+        if len(found) > best[0]:
+            best = (len(found), found)
+    found = best[1]
+    missing = sorted(k for k in model_names if k not in found)
+    unexpected = sorted(file_names - set(found.values()))
+    if missing or unexpected:
+        raise ConfigError(
+            f"model.weights do not fit the model: {len(missing)} missing ({', '.join(missing[:6]) or '-'}"
+            f"{' ...' if len(missing) > 6 else ''}), {len(unexpected)} unexpected "
+            f"({', '.join(unexpected[:6]) or '-'}{' ...' if len(unexpected) > 6 else ''}); check that the "
+            "file was saved from the same architecture and config"
+        )
+    return found
+
+
+def _local_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
+    """The tensor to write into and the slice of the full tensor it holds (its shard under FSDP)."""
+    if not isinstance(t, DTensor):
+        return t, tuple(slice(0, s) for s in t.shape)
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, list(t.placements))
+    return t.to_local(), tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
+
+
+def _open_all(files: list[Path]) -> Iterator[tuple[str, Any]]:
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield key, (f, handle.get_slice(key).get_shape())
+
+
+@torch.no_grad()
+def load_pretrained(model: nn.Module, path: str | Path) -> int:
+    """Copy the weights at ``path`` into ``model`` (plain, DDP-wrapped inner, or sharded), each rank reading
+    only its own slices; the number of tensors loaded."""
+    from safetensors import safe_open
+
+    files = weight_files(Path(path))
+    index = dict(_open_all(files))
+    mapping = match_names(_targets(model), set(index))
+    tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    by_file: dict[Path, list[str]] = {}
+    for name, key in mapping.items():
+        by_file.setdefault(index[key][0], []).append(name)
+    for f, names in by_file.items():
+        with safe_open(str(f), framework="pt") as handle:
+            for name in names:
+                key, target = mapping[name], tensors[name]
+                shape = list(index[key][1])
+                if shape != list(target.shape):
+                    raise ConfigError(
+                        f"model.weights {f.name}: {key} has shape {shape}, the model's {name} {list(target.shape)}"
+                    )
+                local, rows = _local_rows(target)
+                part = handle.get_slice(key)[rows] if shape else handle.get_tensor(key)
+                local.copy_(part.to(local.dtype))
+    return len(mapping)
+
+
+def export_hf_folder(weights: dict[str, torch.Tensor], out: Path, config_from: Path | None) -> Path:
+    """A folder ``from_pretrained`` loads offline: ``model.safetensors`` (the model's own names, one leading
+    wrapper name removed when every name shares it) and ``config.json`` (with the rest of ``config_from``'s
+    small files) when given."""
+    from safetensors.torch import save_file
+
+    heads = {k.split(".", 1)[0] for k in weights}
+    if len(heads) == 1 and all("." in k for k in weights):
+        weights = {k.split(".", 1)[1]: v for k, v in weights.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    if config_from is not None:
+        src = config_from if config_from.is_dir() else config_from.parent
+        if not (src / "config.json").is_file():
+            raise ConfigError(f"--config-from {config_from}: no config.json there; give a save_pretrained folder")
+        for f in src.iterdir():
+            if f.is_file() and f.suffix in (".json", ".txt", ".model") and f.name != "model.safetensors.index.json":
+                shutil.copy2(f, out / f.name)
+    tmp = out / "model.safetensors.tmp"
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    return out / "model.safetensors"
