@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from disttrain.build import build_for_training
 from disttrain.checkpoint import CheckpointManager
@@ -25,6 +26,7 @@ from disttrain.data.text import load_text_data
 from disttrain.dist.env import destroy_distributed, init_distributed
 from disttrain.dist.fsdp import find_blocks
 from disttrain.dist.mesh import resolve_strategy
+from disttrain.models.outputs import logits_of
 from disttrain.train.trainer import Trainer
 
 
@@ -91,6 +93,22 @@ def probe(trainer: Trainer, fixed: Any) -> dict[str, Any]:
         "optim": digest,
         "lr": trainer.optimizer.param_groups[0]["lr"],
     }
+
+
+@torch.no_grad()
+def inspect_model(trainer: Trainer, fixed: Any) -> dict[str, Any]:
+    """A model the project did not write: its logits on the fixed batch (a digest), and whether its tied
+    embedding and head are still one tensor (the same parameter, equal once gathered)."""
+    x, _ = to_device(fixed, trainer.env.device)
+    logits = logits_of(trainer.model(x)).float()
+    params = dict(trainer.model.inner.named_parameters(remove_duplicate=False))
+    emb = next((p for n, p in params.items() if n.endswith(("wte.weight", "embed_tokens.weight"))), None)
+    head = next((p for n, p in params.items() if n.endswith("lm_head.weight")), None)
+    tied = None
+    if emb is not None and head is not None:
+        full = [t.full_tensor() if isinstance(t, DTensor) else t for t in (emb, head)]
+        tied = emb is head and torch.equal(full[0], full[1])
+    return {"logits_sum": float(logits.double().sum()), "logits_head": logits[:2, :3, :4].tolist(), "tied": tied}
 
 
 def saved_for_backward(trainer: Trainer, batch: Any) -> dict[str, int]:
@@ -170,7 +188,11 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
             return loss * float("nan") if env.rank == poison["rank"] and calls[0] == poison["call"] else loss
 
         trainer.loss_fn = poisoned
+    if spec.get("inspect") == "before_fit":
+        out["inspect"] = inspect_model(trainer, fixed)
     res = trainer.fit()
+    if spec.get("inspect") == "after_fit":
+        out["inspect"] = inspect_model(trainer, fixed)
     if spec.get("probe") == "after_fit":
         out["probe"] = probe(trainer, fixed)
     if spec.get("probe_applied"):

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from disttrain.checkpoint.layout import find_checkpoint, folder_info
+from disttrain.checkpoint.pretrained import export_hf_folder
 from disttrain.checkpoint.reader import SafeFileSystemReader, WeightsOnlyBytes, read_metadata_safely
 from disttrain.checkpoint.verify import first_line
 from disttrain.config import DTYPES
@@ -30,7 +31,13 @@ MODEL_PREFIX = ("app", "model")  # the Trainer saves {"app": ModelOptimState, "t
 
 def write_weights(state: dict[str, torch.Tensor], path: Path, dtype: str = "fp32") -> Path:
     """One file of plain model weights: ``.safetensors`` by suffix, else ``torch.save`` (weights_only-loadable)."""
-    cast = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in state.items()}
+    cast: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in state.items():
+        t = v.detach().to("cpu", DTYPES[dtype]).contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        cast[k] = t.clone() if ptr in seen else t  # tied weights: safetensors stores no shared memory
+        seen.add(ptr)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".safetensors":
@@ -83,26 +90,38 @@ def load_model_weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 def export(
-    path: Path, step: int | None = None, fmt: str | None = None, dtype: str = "fp32", out: Path | None = None
+    path: Path,
+    step: int | None = None,
+    fmt: str | None = None,
+    dtype: str = "fp32",
+    out: Path | None = None,
+    config_from: Path | None = None,
 ) -> int:
-    """Write the model weights of one checkpoint to one file (``torch.load(weights_only=True)`` / safetensors)."""
+    """Write the model weights of one checkpoint to one file (``torch.load(weights_only=True)`` / safetensors),
+    or to a Hugging Face folder (``fmt="hf"``: ``model.safetensors`` + the ``config.json`` of ``config_from``)."""
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if fmt is None:
         fmt = "safetensors" if out is None or out.suffix == ".safetensors" else "torch"
-    if fmt not in ("torch", "safetensors"):
-        raise ConfigError(f"--format must be torch or safetensors, got {fmt!r}")
-    if out is not None and (out.suffix == ".safetensors") != (fmt == "safetensors"):
+    if fmt not in ("torch", "safetensors", "hf"):
+        raise ConfigError(f"--format must be torch, safetensors or hf, got {fmt!r}")
+    if fmt != "hf" and out is not None and (out.suffix == ".safetensors") != (fmt == "safetensors"):
         raise ConfigError(
             f"--out {out} does not fit --format {fmt}: safetensors files end in .safetensors, others must not"
         )
+    if config_from is not None and fmt != "hf":
+        raise ConfigError("--config-from is for --format hf (a folder from_pretrained loads)")
     ckpt = find_checkpoint(path, step)
     info = folder_info(ckpt)
     if not info.usable:
         raise CheckpointError(f"{ckpt} cannot be exported: {info.problem}; see `disttrain ckpt verify {ckpt}`")
     weights = load_model_weights(ckpt)
-    target = out or ckpt.resolve().parent.parent / ("model.safetensors" if fmt == "safetensors" else "model.pt")
-    write_weights(weights, target, dtype)
+    run = ckpt.resolve().parent.parent
+    if fmt == "hf":
+        cast = {k: v.to(DTYPES[dtype]) for k, v in weights.items()}
+        target = export_hf_folder(cast, out or run / "hf", config_from)
+    else:
+        target = write_weights(weights, out or run / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}", dtype)
     n = sum(t.numel() for t in weights.values())
     print(f"wrote {target}: {len(weights)} tensors, {n:,} parameters, {dtype}, from {ckpt}")
     return 0

@@ -26,9 +26,17 @@ def main(argv: list[str]) -> int:
         s.add_argument("--json", action="store_true", help="machine-readable output")
     ins.add_argument("--prefix", default="", help="only keys starting with this (e.g. app.model.)")
     ver.add_argument("--all", action="store_true", help="every checkpoint in the folder")
-    exp.add_argument("--format", choices=("torch", "safetensors"), default=None, help="default: safetensors")
+    exp.add_argument(
+        "--format",
+        choices=("torch", "safetensors", "hf"),
+        default=None,
+        help="default: safetensors; hf: a folder from_pretrained loads (model.safetensors + config.json)",
+    )
+    exp.add_argument("--config-from", type=Path, default=None, help="hf: copy config.json etc. from this folder")
     exp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    exp.add_argument("--out", type=Path, default=None, help="default: model.<pt|safetensors> in the run folder")
+    exp.add_argument(
+        "--out", type=Path, default=None, help="default: model.<pt|safetensors>, or the folder hf/, in the run folder"
+    )
     a = p.parse_args(argv)
     if a.action == "ls":
         return ckpt_tools.ls(a.path, a.json)
@@ -36,4 +44,4 @@ def main(argv: list[str]) -> int:
         return ckpt_tools.inspect(a.path, a.step, a.json, a.prefix)
     if a.action == "verify":
         return ckpt_tools.verify(a.path, a.step, a.json, a.all)
-    return ckpt_tools.export(a.path, a.step, a.format, a.dtype, a.out)
+    return ckpt_tools.export(a.path, a.step, a.format, a.dtype, a.out, a.config_from)
