@@ -1,6 +1,7 @@
 """disttrain's Trainer vs a plain hand-written PyTorch loop: throughput ratio for DDP and for FSDP2.
 
-Both variants train the same GPT (4 blocks, width 256, context 128 by default) in bf16 on the same batch
+Both variants train the same GPT (4 blocks, width 256, context 128 by default; ``--model hf-gpt2``: a Hugging
+Face GPT2LMHeadModel of that shape, built from a config, which returns an output object) in bf16 on the same batch
 size, on 2 ranks (gloo, one thread each), inside one launch: blocks of steps alternate between the two so
 the machine's noise hits both alike. The plain loop is what one writes by hand from the PyTorch docs:
 
@@ -33,6 +34,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from disttrain.config import DTYPES
+
 import _common as C
 
 GOAL = 0.97
@@ -51,12 +54,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--strategies", default="ddp,fsdp")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="fp32 where bf16 is emulated")
+    p.add_argument("--model", choices=("gpt", "hf-gpt2"), default="gpt", help="the built-in GPT or HF GPT-2")
     p.add_argument("--aa", action="store_true", help="add an A/A control: a second, identical plain loop")
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)  # set for the workers
     return p.parse_args(argv)
 
 
 # -- the plain loop -------------------------------------------------------------------------------------
+def bench_model(args: argparse.Namespace, vocab: int) -> tuple[nn.Module, list[nn.Module]]:
+    """The benchmarked model (the same weights for both variants) and its blocks (FSDP's units)."""
+    torch.manual_seed(1234)
+    if args.model == "hf-gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=vocab, n_positions=args.context, n_embd=args.width, n_layer=args.layers,
+                         n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        hf = GPT2LMHeadModel(cfg)
+        return hf, list(hf.transformer.h)
+    from disttrain.models.gpt import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig(vocab, args.layers, args.width, args.heads, args.context), seed=1234)
+    return gpt, list(gpt.blocks)
+
+
 class PlainLoop:
     """A hand-written training loop, no disttrain code in the step (the model class is shared).
 
@@ -71,18 +92,15 @@ class PlainLoop:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from disttrain.models.gpt import GPT, GPTConfig
-
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.strategy = strategy
-        torch.manual_seed(1234)
-        model = GPT(GPTConfig(vocab, args.layers, args.width, args.heads, args.context), seed=1234)
+        model, blocks = bench_model(args, vocab)
         if strategy == "ddp":
             self.model: nn.Module = DDP(model, bucket_cap_mb=settings["bucket_cap_mb"])
         else:
             mesh = init_device_mesh("cpu", (self.world,))
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for block in model.blocks:
+            mp = MixedPrecisionPolicy(param_dtype=DTYPES[args.dtype], reduce_dtype=torch.float32)
+            for block in blocks:
                 fully_shard(block, mesh=mesh, mp_policy=mp)
             fully_shard(model, mesh=mesh, mp_policy=mp)
             self.model = model
@@ -98,6 +116,7 @@ class PlainLoop:
         )
         self.data = data
         self.micro = args.micro_batch
+        self.dtype = args.dtype
         self.gen = torch.Generator().manual_seed(1234 + self.rank)
         self.total = total_steps
         self.step_no = 0
@@ -118,11 +137,12 @@ class PlainLoop:
             for g in self.opt.param_groups:
                 g["lr"] = self.lr(self.step_no)
             x, y = self.batch()
-            if self.strategy == "ddp":
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = self.model(x)
+            if self.strategy == "ddp" and self.dtype != "fp32":
+                with torch.autocast("cpu", dtype=DTYPES[self.dtype]):
+                    out = self.model(x)
             else:
-                logits = self.model(x)
+                out = self.model(x)
+            logits = out if isinstance(out, torch.Tensor) else out.logits
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -149,11 +169,14 @@ def make_trainer(strategy: str, args: argparse.Namespace, text: Any, env: Any, t
                 "generate_chars": 0,
             },
             "parallel": {"strategy": strategy, "device": "cpu"},
-            "precision": {"dtype": "bf16"},
+            "precision": {"dtype": args.dtype},
             "metrics": {"peak_tflops": 1.0, "progress": "off"},
         }
     )
-    model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy == "fsdp")
+    if args.model == "gpt":
+        model = build_model(cfg, text.tokenizer.vocab_size, on_meta=strategy == "fsdp")
+    else:
+        model = bench_model(args, text.tokenizer.vocab_size)[0]  # the plain loop's, on CPU (parallel.init auto)
     return Trainer(model, text.train, cfg, env=env)
 
 
@@ -161,6 +184,7 @@ def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.data.text import load_text_data
     from disttrain.dist.env import init_distributed
+    from disttrain.utils.gc import GarbageCollection
 
     env = init_distributed("cpu", threads=1)
     text = load_text_data(None, args.context, 0.1)
@@ -183,13 +207,16 @@ def worker(args: argparse.Namespace) -> None:
         if args.aa:
             copy = PlainLoop(strategy, args, text.tokenizer.vocab_size, text.train, total, settings)
             variants["plain (copy)"] = copy.run
-        times = C.interleave(
-            variants,
-            steps_per_block=args.steps_per_block,
-            rounds=args.rounds,
-            warmup=args.warmup,
-            before_block=dist.barrier,
-        )
+        # fit() runs block by block here: the outer collector context stands for the one a whole fit() opens
+        # (one full collection at its start), so a block does not pay that start-up again; both variants run in it
+        with GarbageCollection(trainer.cfg.train.gc_interval):
+            times = C.interleave(
+                variants,
+                steps_per_block=args.steps_per_block,
+                rounds=args.rounds,
+                warmup=args.warmup,
+                before_block=dist.barrier,
+            )
         out[strategy] = C.slowest_rank(times)
         del trainer, plain
     C.write_rank_result(args.out, env.rank, out)
@@ -248,12 +275,14 @@ def main(argv: list[str]) -> None:
         rows,
         title=(
             f"Trainer vs plain PyTorch loop: {args.nproc} ranks, GPT {args.layers}x{args.width} ctx {args.context}, "
-            f"micro-batch {args.micro_batch}, bf16; ratio = disttrain throughput / plain: median over "
-            f"{args.launches} launches of the paired median of {args.rounds} rounds x {args.steps_per_block} steps"
+            f"micro-batch {args.micro_batch}, {args.dtype}, model {args.model}; ratio = disttrain throughput / plain: "
+            f"median over {args.launches} launches of the paired median of {args.rounds} rounds x "
+            f"{args.steps_per_block} steps"
         ),
     )
     config = {k: v for k, v in vars(args).items() if k != "out"}
-    C.write_results("bench_overhead", {"config": config, "results": figures})
+    name = "bench_overhead" if args.model == "gpt" else f"bench_overhead_{args.model.replace('-', '_')}"
+    C.write_results(name, {"config": config, "results": figures})
 
 
 if __name__ == "__main__":

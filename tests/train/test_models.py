@@ -150,6 +150,7 @@ def variants(data: Path, strategy: str, weights: Path) -> list[dict[str, Any]]:
         out += [
             {"name": "accum", "config": hf_job(data, "gpt2", parallel=par, train={"micro_batch": 2})},
             {"name": "tied", "inspect": "after_fit", "config": hf_job(data, "llama", parallel=par)},
+            {"name": "hsdp", "config": hf_job(data, "gpt2", parallel={"strategy": "hsdp", "replicate": 2, "shard": 1})},
         ]
     if strategy == "single":  # FSDP on one process (a 1-rank mesh), with and without offload
         one = {"strategy": "fsdp"}
@@ -187,7 +188,9 @@ def test_every_strategy_gives_a_user_model_the_single_process_numbers(
         for rank in results[run]:
             assert_close(losses(rank, name), ref, rtol=2e-5, atol=2e-5, msg=f"{name} under {run}")
     if name == "gpt2":
-        assert_close(losses(results["fsdp2"][0], "accum"), ref, rtol=2e-5, atol=2e-5)  # 4 micro-steps of 2
+        for rank in results["fsdp2"]:
+            assert_close(losses(rank, "accum"), ref, rtol=2e-5, atol=2e-5)  # 4 micro-steps of 2
+            assert_close(losses(rank, "hsdp"), ref, rtol=2e-5, atol=2e-5)  # 2 replicas x 1 shard
         for one in ("fsdp1", "fsdp1_offload"):
             assert_close(losses(results["single"][0], one), ref, rtol=2e-5, atol=2e-5, msg=one)
     if name == "own_loss":  # Hugging Face's loss over T-1 shifted labels: close to ours, not equal

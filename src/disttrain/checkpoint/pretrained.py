@@ -1,18 +1,21 @@
 """Pretrained weights into a live, possibly sharded model (``--model.weights``), and Hugging Face folders out
 (``disttrain ckpt export --format hf``).
 
-Loading reads safetensors lazily: under FSDP / HSDP each rank reads only the rows of each tensor that its
-shard holds (``safe_open(...).get_slice``), so no rank ever holds the full model. Names are matched
-exactly, or after removing one leading wrapper name (``inner.``) on either side; tied tensors are satisfied
-by any of their names (Hugging Face saves the embedding once). What does not match is listed in one error.
+Loading reads safetensors by their JSON headers and plain reads: under FSDP / HSDP each rank reads only the
+rows of each tensor that its shard holds, straight into the shard (no memory map, no full copy anywhere).
+Names are matched exactly, or after removing one leading wrapper name (``inner.``) on either side; tied
+tensors are satisfied by any of their names (Hugging Face saves the embedding once). What does not match is
+listed in one error.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
-from collections.abc import Iterator
+from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -87,40 +90,83 @@ def _local_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
     return t.to_local(), tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
 
 
-def _open_all(files: list[Path]) -> Iterator[tuple[str, Any]]:
-    from safetensors import safe_open
+ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool}  # fmt: skip
 
+
+@dataclass(frozen=True)
+class Stored:
+    """Where one tensor lies in a safetensors file."""
+
+    file: Path
+    offset: int
+    """Of its first byte, from the start of the file."""
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def read_index(files: list[Path]) -> dict[str, Stored]:
+    """Every tensor in the files, from their JSON headers (no data read, nothing mapped)."""
+    index: dict[str, Stored] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield key, (f, handle.get_slice(key).get_shape())
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n)) if 0 < n <= size - 8 else None
+        except (OSError, ValueError):
+            header = None
+        if not isinstance(header, dict):
+            raise ConfigError(f"model.weights {f}: not a readable safetensors file (bad header)")
+        header.pop("__metadata__", None)
+        for key, e in header.items():
+            begin, stop = e["data_offsets"]
+            if e["dtype"] not in ST_DTYPES or 8 + n + stop > size:
+                raise ConfigError(f"model.weights {f}: {key} is truncated or of an unknown dtype {e['dtype']!r}")
+            index[key] = Stored(f, 8 + n + begin, ST_DTYPES[e["dtype"]], tuple(e["shape"]))
+    return index
+
+
+def _read_rows(fh: BufferedReader, stored: Stored, rows: tuple[slice, ...], into: torch.Tensor) -> None:
+    """Read the rows ``rows[0]`` of a stored tensor straight into ``into`` (its shard: the rows FSDP gives
+    this rank are one contiguous run of bytes); through a buffer when the dtype differs."""
+    if any(r != slice(0, s) for r, s in zip(rows[1:], stored.shape[1:], strict=True)):
+        raise ConfigError(f"model.weights: a shard that splits a dimension other than the first ({rows})")
+    row = math.prod(stored.shape[1:]) * stored.dtype.itemsize
+    first = rows[0].start if stored.shape else 0
+    buf = into if into.dtype == stored.dtype and into.is_contiguous() else torch.empty(into.shape, dtype=stored.dtype)
+    fh.seek(stored.offset + first * row)
+    view = buf.detach().reshape(-1).view(torch.uint8).numpy()
+    if fh.readinto(view.data) != view.nbytes:
+        raise ConfigError(f"model.weights {stored.file}: ends early (truncated file)")
+    if buf is not into:
+        into.copy_(buf)
 
 
 @torch.no_grad()
 def load_pretrained(model: nn.Module, path: str | Path) -> int:
     """Copy the weights at ``path`` into ``model`` (plain, DDP-wrapped inner, or sharded), each rank reading
-    only its own slices; the number of tensors loaded."""
-    from safetensors import safe_open
-
-    files = weight_files(Path(path))
-    index = dict(_open_all(files))
+    only its own rows with plain reads (no memory map: nothing but the shard is ever resident); the number
+    of tensors loaded."""
+    index = read_index(weight_files(Path(path)))
     mapping = match_names(_targets(model), set(index))
     tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
-    by_file: dict[Path, list[str]] = {}
-    for name, key in mapping.items():
-        by_file.setdefault(index[key][0], []).append(name)
-    for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as handle:
-            for name in names:
-                key, target = mapping[name], tensors[name]
-                shape = list(index[key][1])
-                if shape != list(target.shape):
-                    raise ConfigError(
-                        f"model.weights {f.name}: {key} has shape {shape}, the model's {name} {list(target.shape)}"
-                    )
-                local, rows = _local_rows(target)
-                part = handle.get_slice(key)[rows] if shape else handle.get_tensor(key)
-                local.copy_(part.to(local.dtype))
+    handles: dict[Path, BufferedReader] = {}
+    try:
+        for name, key in mapping.items():
+            stored, target = index[key], tensors[name]
+            if list(stored.shape) != list(target.shape):
+                raise ConfigError(
+                    f"model.weights {stored.file.name}: {key} has shape {list(stored.shape)}, "
+                    f"the model's {name} {list(target.shape)}"
+                )
+            fh = handles.get(stored.file) or handles.setdefault(stored.file, open(stored.file, "rb"))  # noqa: SIM115
+            local, rows = _local_rows(target)
+            _read_rows(fh, stored, rows, local)
+    finally:
+        for fh in handles.values():
+            fh.close()
     return len(mapping)
 
 
