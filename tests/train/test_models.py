@@ -128,6 +128,20 @@ def test_weights_names_are_matched_through_a_wrapper_and_mismatches_listed(tmp_p
         load_pretrained(hf_models.gpt2(), tmp_path)
 
 
+def test_a_tied_model_writes_as_one_plain_file(tmp_path: Path) -> None:
+    """``checkpoint.save_final = model_only`` writes the live state dict, where the head and the embedding
+    are one storage: safetensors refuses shared memory, so the copy is made apart."""
+    from safetensors.torch import load_file
+
+    from disttrain.checkpoint.export import write_weights
+
+    model = hf_models.gpt2()
+    write_weights(model.state_dict(), tmp_path / "m.safetensors")
+    back = load_file(tmp_path / "m.safetensors")
+    assert torch.equal(back["lm_head.weight"], back["transformer.wte.weight"])
+    assert hf_models.gpt2().load_state_dict(back, strict=True) is not None
+
+
 # -- several processes --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
