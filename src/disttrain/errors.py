@@ -26,3 +26,7 @@ class HealthError(RuntimeError):
 class Terminated(BaseException):
     """SIGTERM arrived: torchrun stops the other workers this way when one fails (or the job was cancelled).
     A BaseException, so that no ``except Exception`` on the way swallows it."""
+
+
+class RpcError(RuntimeError):
+    """A remote call failed or timed out; the message names the worker, the call and the cause."""

@@ -7,6 +7,7 @@ they never run), so a new arrow against the flow fails here instead of surfacing
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,12 @@ LAYERS: dict[str, int] = {
     "disttrain.data": 2,
     "disttrain.build": 3,
     "disttrain.dist": 4,
+    "disttrain.rpc": 4,  # the only importer of torch.distributed.rpc
     "disttrain.checkpoint": 5,
     "disttrain.health": 5,
     "disttrain.plan": 6,  # profile / estimate / render: arithmetic over a model
     "disttrain.train": 7,
+    "disttrain.ps": 7,  # the parameter server: beside the LM trainer, never importing it
     "disttrain.launch": 8,
     "disttrain.plan.measure": 9,  # starts workers and runs training steps: above launch and train
     "disttrain.plan.command": 9,
@@ -99,6 +102,23 @@ def test_imports_only_point_down_the_layers() -> None:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} {me} (layer {LAYERS[mine]}) imports {target} "
                              f"(layer {LAYERS[theirs]})")  # fmt: skip
     assert not wrong, "imports against the flow:\n" + "\n".join(wrong)
+
+
+def test_the_parameter_server_and_rpc_stand_apart_from_the_lm_trainer() -> None:
+    """ps/ uses rpc/, errors and utils only; torch.distributed.rpc is imported by rpc/transport.py alone."""
+    modules = all_modules()
+    lm = ("disttrain.train", "disttrain.plan", "disttrain.build", "disttrain.models", "disttrain.launch")
+    wrong = [
+        f"{me} imports {target}"
+        for me, path in modules.items()
+        if me.startswith("disttrain.ps")
+        for _, target in imports_of(path, set(modules))
+        if target.startswith(lm)
+    ]
+    assert not wrong, wrong
+    uses_rpc = re.compile(r"^\s*(import|from) torch\.distributed\.rpc", re.M)
+    rpc_users = [m for m, p in modules.items() if uses_rpc.search(p.read_text())]
+    assert rpc_users == ["disttrain.rpc.transport"]
 
 
 def test_no_import_cycles() -> None:

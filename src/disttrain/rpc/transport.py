@@ -1,0 +1,100 @@
+"""``torch.distributed.rpc`` behind four calls: :func:`init`, :func:`call`, :func:`call_async`, :func:`shutdown`.
+
+Every failure becomes an :class:`~disttrain.errors.RpcError` that names the worker, the function and the
+cause (a timeout says which limit), instead of a TensorPipe traceback. The agent binds to the rendezvous
+address (``MASTER_ADDR``, loopback by default): RPC executes pickled callables, so it belongs on a trusted
+network only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed.rpc as rpc
+from torch.futures import Future
+
+from disttrain.errors import RpcError
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def init(
+    name: str,
+    rank: int,
+    world_size: int,
+    *,
+    addr: str | None = None,
+    port: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    threads: int = 8,
+) -> None:
+    """Join the RPC group as ``name`` (rendezvous at ``addr:port``, default ``MASTER_ADDR:MASTER_PORT``)."""
+    addr = addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = port or int(os.environ.get("MASTER_PORT", "29500"))
+    opts = rpc.TensorPipeRpcBackendOptions(
+        num_worker_threads=threads, rpc_timeout=timeout_s, init_method=f"tcp://{addr}:{port}"
+    )
+    if addr in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
+    try:
+        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
+    except Exception as e:
+        where = f"{name} (rank {rank} of {world_size})"
+        raise RpcError(f"rpc: {where} could not join at {addr}:{port}: {_first(e)}") from None
+
+
+def _first(e: BaseException) -> str:
+    """One line for an exception; for one raised on the remote side, the remote exception itself
+    (torch wraps it as "On WorkerInfo(...):", then its repr, then the remote traceback)."""
+    text = str(e).strip().splitlines()
+    if len(text) > 1 and "On WorkerInfo(" in text[0]:
+        return text[1][:300]
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
+def _describe(to: str, fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__qualname__', fn)!s} on {to}"
+
+
+def call(to: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` on worker ``to`` and return its result (blocking)."""
+    return wait(call_async(to, fn, *args, timeout_s=timeout_s, **kwargs), to, fn)
+
+
+def call_async(to: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Future:
+    """Start ``fn(*args, **kwargs)`` on worker ``to``; a Future of its result (:func:`wait` it)."""
+    timeout = -1.0 if timeout_s is None else timeout_s  # -1: the group's default
+    try:
+        return rpc.rpc_async(to, fn, args=args, kwargs=kwargs, timeout=timeout)
+    except Exception as e:
+        raise RpcError(f"rpc: {_describe(to, fn)} could not start: {_first(e)}") from None
+
+
+def wait(fut: Future, to: str, fn: Callable[..., Any]) -> Any:
+    """The result of a :func:`call_async` Future; RpcError naming the worker and the call if it failed."""
+    try:
+        return fut.wait()
+    except Exception as e:
+        cause = _first(e)
+        if "timeout" in cause.lower() or "timed out" in cause.lower():
+            cause = f"timed out ({cause}); raise the timeout or check that {to} is alive"
+        raise RpcError(f"rpc: {_describe(to, fn)} failed: {cause}") from None
+
+
+def shutdown(graceful: bool = True, timeout_s: float = 30.0) -> None:
+    """Leave the group: graceful waits for every worker's outstanding calls (a barrier over all of them)."""
+    try:
+        rpc.shutdown(graceful=graceful, timeout=timeout_s)
+    except Exception as e:
+        raise RpcError(f"rpc: shutdown did not complete within {timeout_s:.0f}s: {_first(e)}") from None
+
+
+def async_execution(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a server function that returns a Future (batched updates answer many callers at once)."""
+    return rpc.functions.async_execution(fn)
+
+
+def worker_name() -> str:
+    return rpc.get_worker_info().name

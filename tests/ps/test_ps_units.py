@@ -1,0 +1,96 @@
+"""The parameter server's pieces in one process: row sharding, row-sparse updates, click logs, AUC."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from disttrain.errors import ConfigError
+from disttrain.ps.clicks import ClickLog, auc, parse_criteo_line, read_criteo, write_criteo
+from disttrain.ps.sharding import RowSharding
+from disttrain.ps.table import ShardTable
+
+
+@pytest.mark.parametrize("scheme", ["mod", "range"])
+@pytest.mark.parametrize(("rows", "servers"), [(10, 1), (10, 3), (4097, 2), (9, 4)])
+def test_shards_partition_the_table_and_every_id_routes_to_one_server(scheme: str, rows: int, servers: int) -> None:
+    sh = RowSharding(rows, servers, scheme)
+    union = torch.cat([sh.global_ids(s) for s in range(servers)])
+    assert sorted(union.tolist()) == list(range(rows))  # every row once, no row twice
+    ids = torch.randint(0, rows, (257,))
+    parts = sh.split(ids)
+    positions = torch.cat([pos for pos, _ in parts])
+    assert sorted(positions.tolist()) == list(range(len(ids)))  # every id to exactly one server
+    for s, (pos, local) in enumerate(parts):
+        assert torch.equal(sh.global_ids(s)[local], ids[pos])  # and to the right row there
+
+
+def test_bad_sharding_and_ids_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match=r"ps\.sharding must be one of mod, range"):
+        RowSharding(10, 2, "hash")
+    with pytest.raises(ConfigError, match="3 servers for a table of 2 rows"):
+        RowSharding(2, 3)
+    with pytest.raises(ConfigError, match="id 10 is outside the table's 10 rows"):
+        RowSharding(10, 2).split(torch.tensor([1, 10]))
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+@pytest.mark.parametrize("scheme", ["mod", "range"])
+def test_a_sparse_update_on_two_servers_equals_the_dense_table(optimizer: str, scheme: str) -> None:
+    rows, dim = 5000, 4  # two init blocks
+    dense = ShardTable(torch.arange(rows), dim, optimizer=optimizer, lr=0.1, seed=3)
+    sh = RowSharding(rows, 2, scheme)
+    shards = [ShardTable(sh.global_ids(s), dim, optimizer=optimizer, lr=0.1, seed=3) for s in range(2)]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        ids = torch.randint(0, rows, (64,), generator=gen)
+        ids[:8] = ids[0]  # duplicates: summed before the update
+        grads = torch.randn(64, dim, generator=gen)
+        pulled = torch.empty(64, dim)
+        for s, (pos, local) in enumerate(sh.split(ids)):
+            pulled[pos] = shards[s].pull(local)
+            shards[s].push(local, grads[pos])
+        assert torch.equal(pulled, dense.pull(ids))
+        dense.push(ids, grads)
+    whole = torch.empty(rows, dim)
+    for s in range(2):
+        whole[sh.global_ids(s)] = shards[s].weight
+    assert torch.equal(whole, dense.weight)
+    assert not torch.equal(dense.weight, ShardTable(torch.arange(rows), dim, seed=3).weight)  # it did move
+
+
+def test_criteo_lines_parse_and_a_malformed_one_names_its_line(tmp_path: Path) -> None:
+    log = ClickLog([100] * 26, n_dense=13, seed=1)
+    path = tmp_path / "day_0.tsv"
+    write_criteo(path, log, 50)
+    batches = list(read_criteo(path, [100], batch_size=16))
+    assert [len(b.label) for b in batches] == [16, 16, 16, 2]
+    assert batches[0].ids.shape == (16, 26) and batches[0].dense.shape == (16, 13)
+    assert int(batches[0].ids.max()) < 100 and set(batches[0].label.tolist()) <= {0.0, 1.0}
+    label, dense, ids = parse_criteo_line("1\t\t5" + "\t" * 11 + "\tff" + "\t" * 25, [10], "x:1")
+    assert label == 1.0 and dense[0] == 0.0 and dense[1] == pytest.approx(1.791759, rel=1e-5) and ids[0] == 255 % 10
+    lines = path.read_text().splitlines()
+    lines[6] = "\t".join(lines[6].split("\t")[:30])
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"day_0.tsv:7: 30 tab-separated fields"):
+        list(read_criteo(path, [100], batch_size=16))
+    lines[6] = "x" + lines[5][1:]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"day_0.tsv:7: not a Criteo line"):
+        list(read_criteo(path, [100], batch_size=16))
+
+
+def test_auc_and_the_generators_ceiling() -> None:
+    labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    assert auc(torch.tensor([0.1, 0.2, 0.3, 0.4]), labels) == 1.0
+    assert auc(torch.tensor([0.4, 0.3, 0.2, 0.1]), labels) == 0.0
+    assert auc(torch.zeros(4), labels) == 0.5  # ties count half
+    log = ClickLog([1000, 500, 50], n_dense=4, seed=0)
+    b = log.batch(20_000, torch.Generator().manual_seed(1))
+    ceiling = auc(log.logits(b.dense, b.ids), b.label)
+    assert 0.8 < ceiling < 0.95  # learnable, not trivial
+    assert abs(auc(torch.rand(20_000), b.label) - 0.5) < 0.02
+    counts = torch.bincount(b.ids[:, 0], minlength=1000).sort(descending=True).values
+    assert counts[:10].sum() > 0.25 * len(b.label)  # Zipf-like: a few ids are hot
