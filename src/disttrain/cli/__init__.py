@@ -18,9 +18,10 @@ commands:
   estimate memory per rank for DDP / FSDP / HSDP and the strategy auto picks: disttrain estimate --nproc 8
   ckpt     look into and convert checkpoints: disttrain ckpt ls|inspect|verify|export RUN_OR_FOLDER
   doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
+  ps       a click-through-rate model trained against parameter servers: disttrain ps --servers 2 --trainers 2
 """
 
-COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor")
+COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps")
 
 
 def main(argv: list[str] | None = None) -> int:

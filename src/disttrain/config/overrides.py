@@ -7,9 +7,12 @@ import contextlib
 import difflib
 import io
 import re
+from typing import TypeVar, cast
 
 from disttrain.config.job import JobConfig, known_keys
 from disttrain.errors import ConfigError
+
+T = TypeVar("T")
 
 _RULE = re.compile(r"[-─━]{3,}")  # tyro's horizontal rules: '-----' without a terminal, box lines with one
 _BOX = " \t│╭╮╰╯┃┏┓┗┛"
@@ -91,15 +94,20 @@ def _clean(message: str) -> str:
 
 def apply_overrides(base: JobConfig, argv: list[str], prog: str = "disttrain run") -> JobConfig:
     """Apply ``--section.key value`` overrides to ``base`` (tyro does the typing and the help text)."""
+    check_override_keys(argv)
+    return parse_dataclass(JobConfig, argv, prog, default=base)
+
+
+def parse_dataclass(cls: type[T], argv: list[str], prog: str, default: T | None = None) -> T:
+    """``cls`` from command-line options (tyro), its mistakes as one :class:`ConfigError` line."""
     import tyro
 
-    check_override_keys(argv)
     if any(a in ("-h", "--help") for a in argv):
-        return tyro.cli(JobConfig, default=base, args=argv, prog=prog)
+        return cast(T, tyro.cli(cls, default=default, args=argv, prog=prog))
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
-            return tyro.cli(JobConfig, default=base, args=argv, prog=prog)
+            return cast(T, tyro.cli(cls, default=default, args=argv, prog=prog))
     except SystemExit as e:
         if e.code in (0, None):
             raise

@@ -45,17 +45,21 @@ class TableClient:
         self.bytes_moved += uniq.numel() * 8 + rows.numel() * rows.element_size()
         return rows[inverse].reshape(*ids.shape, self.dim)
 
-    def push(self, ids: torch.Tensor, grads: torch.Tensor) -> None:
-        """Send the gradient of each looked-up row (``ids.shape + (dim,)``), summed per distinct id."""
+    def push(self, ids: torch.Tensor, grads: torch.Tensor, together: tuple[int, int, int] | None = None) -> None:
+        """Send the gradient of each looked-up row (``ids.shape + (dim,)``), summed per distinct id.
+
+        ``together = (clock, trainer, n)``: BSP, the server applies the ``n`` trainers' pushes of one clock
+        as one update and answers when it is done; otherwise each push is applied as it arrives."""
         uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
         summed = torch.zeros(len(uniq), self.dim).index_add_(0, inverse, grads.reshape(-1, self.dim))
         parts = self.sharding.split(uniq)
+        fn = server.push if together is None else server.push_together
         futs = [
-            transport.call_async(self.servers[s], server.push, self.name, local, summed[pos])
+            transport.call_async(self.servers[s], fn, self.name, local, summed[pos], *(together or ()))
             for s, (pos, local) in enumerate(parts)
         ]
         for s, f in enumerate(futs):
-            transport.wait(f, self.servers[s], server.push)
+            transport.wait(f, self.servers[s], fn)
         self.bytes_moved += uniq.numel() * 8 + summed.numel() * summed.element_size()
 
     def full(self) -> torch.Tensor:

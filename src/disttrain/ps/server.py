@@ -6,12 +6,15 @@ its shards in this module's registry (one server per process).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
+from torch.futures import Future
 
 from disttrain.errors import ConfigError
 from disttrain.ps.table import ShardTable
+from disttrain.rpc import transport
 
 _TABLES: dict[str, ShardTable] = {}
 
@@ -42,3 +45,25 @@ def push(name: str, rows: torch.Tensor, grads: torch.Tensor) -> int:
 
 def state(name: str) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in _table(name).state_dict().items()}
+
+
+_PENDING: dict[tuple[str, int], list[tuple[int, torch.Tensor, torch.Tensor, Future[int]]]] = {}
+_LOCK = threading.Lock()
+
+
+@transport.async_execution
+def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int, trainer: int, n: int) -> Future[int]:
+    """BSP: the pushes of all ``n`` trainers for one clock become one update (in trainer order, so the sum
+    is the same every run), and every caller is answered once it is applied."""
+    fut: Future[int] = Future()
+    with _LOCK:
+        pending = _PENDING.setdefault((name, clock), [])
+        pending.append((trainer, rows, grads, fut))
+        ready = _PENDING.pop((name, clock)) if len(pending) == n else None
+    if ready is not None:
+        ready.sort(key=lambda p: p[0])
+        table = _table(name)
+        table.push(torch.cat([p[1] for p in ready]), torch.cat([p[2] for p in ready]))
+        for p in ready:
+            p[3].set_result(table.updates)
+    return fut

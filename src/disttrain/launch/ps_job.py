@@ -1,0 +1,30 @@
+"""``disttrain ps``'s parent: the run folder, then trainers + servers as one torchrun job on this node."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from disttrain.config import LaunchConfig
+from disttrain.launch.torchrun import run_torchrun, torchrun_argv
+from disttrain.ps.config import PSConfig
+
+
+def ps_run_dir(cfg: PSConfig) -> Path:
+    path = Path(cfg.run_root) / (cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + "-ps")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def launch_ps(cfg: PSConfig) -> int:
+    run_dir = ps_run_dir(cfg)
+    config = run_dir / "config.json"
+    config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    nproc = cfg.trainers + cfg.servers
+    tables = f"{len(cfg.tables)} tables ({sum(cfg.tables):,} rows x {cfg.dim})"
+    print(f"disttrain ps: {cfg.trainers} trainer(s) x {cfg.servers} server(s), {cfg.mode}, {tables}; "
+          f"run folder {run_dir}", flush=True)  # fmt: skip
+    argv = torchrun_argv(nproc, LaunchConfig(), log_dir=run_dir / "logs")
+    return run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu")

@@ -1,0 +1,66 @@
+"""``disttrain ps``'s job: the click data, the model, the servers and trainers, the loop, the run folder."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from disttrain.config.values import check
+
+
+@dataclasses.dataclass
+class PSConfig:
+    """A click-through-rate model trained by trainers against parameter servers."""
+
+    servers: int = 2
+    """Parameter servers (each holds 1/servers of every table's rows and their optimizer state)."""
+    trainers: int = 2
+    """Trainers (each trains on its share of every global batch; the dense part is replicated with DDP)."""
+    mode: Literal["bsp", "asp"] = "bsp"
+    """bsp: every step's pushes are applied together before any trainer reads again (equals one process
+    on the combined batch); asp: pushes are applied as they arrive, nobody waits."""
+    sharding: Literal["mod", "range"] = "mod"
+    """Rows to servers: id mod servers (spreads hot ids) or contiguous ranges."""
+    tables: tuple[int, ...] = (100_000, 50_000, 10_000, 1_000, 500, 100)
+    """Rows of each categorical feature's embedding table."""
+    dim: int = 16
+    """Embedding width."""
+    n_dense: int = 13
+    """Dense features."""
+    hidden: int = 64
+    """Width of the bottom and top MLPs."""
+    data_path: str | None = None
+    """A Criteo-format .tsv to train on (default: the synthetic click log with a known ground truth)."""
+    steps: int = 400
+    """Steps (each trainer, one batch each)."""
+    batch: int = 256
+    """Samples per trainer per step."""
+    optimizer: Literal["adagrad", "sgd"] = "adagrad"
+    """The servers' per-row optimizer."""
+    lr: float = 0.05
+    """Learning rate of the embedding rows (server side)."""
+    dense_lr: float = 0.003
+    """Adam learning rate of the dense part (trainer side)."""
+    eval_every: int = 100
+    """Evaluate AUC and log-loss on held-out samples every this many steps (0: only at the end)."""
+    eval_samples: int = 20_000
+    """Held-out samples per evaluation."""
+    seed: int = 0
+    """Data, initialisation and ground truth."""
+    rpc_timeout_s: float = 60.0
+    """A remote call that takes longer fails with a message naming the server."""
+    run_root: str = "runs"
+    """Where run folders are made."""
+    run_name: str | None = None
+    """The run folder's name (default: ps-<time>)."""
+
+    def __post_init__(self) -> None:
+        check(self.servers >= 1, f"ps.servers must be >= 1, got {self.servers}")
+        check(self.trainers >= 1, f"ps.trainers must be >= 1, got {self.trainers}")
+        check(len(self.tables) >= 1 and min(self.tables) >= self.servers,
+              f"ps.tables needs at least one table of >= servers ({self.servers}) rows, got {self.tables}")  # fmt: skip
+        for name in ("dim", "n_dense", "hidden", "steps", "batch", "eval_samples"):
+            check(getattr(self, name) >= 1, f"ps.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.lr > 0 and self.dense_lr > 0, f"ps.lr and ps.dense_lr must be > 0, got {self.lr}, {self.dense_lr}")
+        check(self.eval_every >= 0, f"ps.eval_every must be >= 0, got {self.eval_every}")
+        check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")

@@ -1,0 +1,76 @@
+"""``python -m disttrain.ps.worker CONFIG.json RUN_DIR`` under torchrun: ranks below ``trainers`` train,
+the rest serve. Trainer 0 creates the tables, writes ``metrics.jsonl`` and ``summary.json``, and prints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disttrain.ps.config import PSConfig
+from disttrain.ps.trainer import PSResult, PSTrainer
+from disttrain.rpc import transport
+from disttrain.utils.process import run_and_exit
+
+
+def trainers_group(rank: int, n: int) -> Any:
+    """The trainers' own process group (DDP of the dense part), on torchrun's store under its own prefix."""
+    if n == 1:
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore("ps-trainers", store), rank=rank, world_size=n)
+    return dist.group.WORLD
+
+
+def reporter(cfg: PSConfig, run_dir: Path) -> Any:
+    metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed by the last step)
+
+    def on_step(step: int, res: PSResult) -> None:
+        rec: dict[str, Any] = {"step": step, "loss": res.losses[-1]}
+        if res.evals and res.evals[-1]["step"] == step:
+            rec.update(res.evals[-1])
+            print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
+                  f"(ceiling {rec['ceiling_auc']:.4f}) | logloss {rec['logloss']:.4f}", flush=True)  # fmt: skip
+        metrics.write(json.dumps(rec) + "\n")
+        if step == cfg.steps:
+            metrics.close()
+
+    return on_step
+
+
+def main(argv: list[str]) -> int:
+    cfg = PSConfig(**json.loads(Path(argv[0]).read_text()))
+    run_dir = Path(argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    servers = [f"server{i}" for i in range(cfg.servers)]
+    me = f"trainer{rank}" if rank < cfg.trainers else servers[rank - cfg.trainers]
+    transport.init(me, rank, world, timeout_s=cfg.rpc_timeout_s)
+    if rank < cfg.trainers:
+        group = trainers_group(rank, cfg.trainers)
+        trainer = PSTrainer(cfg, rank, servers, group)
+        if rank == 0:
+            trainer.create_tables()
+        if group is not None:
+            dist.barrier()
+        res = trainer.fit(reporter(cfg, run_dir) if rank == 0 else None)
+        if rank == 0:
+            summary = {"config": dataclasses.asdict(cfg), "final": res.evals[-1], "samples_per_s": res.samples_per_s,
+                       "bytes_per_step": res.bytes_per_step, "final_loss": res.losses[-1]}  # fmt: skip
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            print(f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
+                  f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}", flush=True)  # fmt: skip
+        if group is not None:
+            dist.destroy_process_group()
+    transport.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    run_and_exit(lambda: main(sys.argv[1:]))

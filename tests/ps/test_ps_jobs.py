@@ -1,0 +1,44 @@
+"""`disttrain ps` as a user runs it: BSP over 2 trainers and 2 servers equals one trainer on the combined
+batch; ASP runs without waiting; mistakes are one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from conftest import disttrain
+
+SMALL = ["--tables", "1000", "500", "50", "--dim", "8", "--hidden", "16", "--steps", "8", "--eval-every", "0",
+         "--eval-samples", "2000", "--dense-lr", "0.01"]  # fmt: skip
+
+
+def ps_job(tmp: Path, name: str, *args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    proc = disttrain("ps", *SMALL, "--run-root", str(tmp), "--run-name", name, *args, timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run = tmp / name
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return records, json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(tmp_path: Path) -> None:
+    bsp, summary = ps_job(tmp_path, "bsp", "--trainers", "2", "--servers", "2", "--batch", "64", "--mode", "bsp")
+    one, ref = ps_job(tmp_path, "one", "--trainers", "1", "--servers", "1", "--batch", "128")
+    losses = torch.tensor([r["loss"] for r in bsp], dtype=torch.float64)
+    assert_close(losses, torch.tensor([r["loss"] for r in one], dtype=torch.float64), rtol=1e-5, atol=1e-6)
+    assert losses[-1] < losses[0]
+    assert summary["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=1e-4)
+    asp, _ = ps_job(tmp_path, "asp", "--trainers", "2", "--servers", "2", "--batch", "64", "--mode", "asp")
+    assert len(asp) == 8 and all(torch.isfinite(torch.tensor(r["loss"])) for r in asp)
+
+
+def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:
+    proc = disttrain("ps", "--servers", "0", "--run-root", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "ps.servers must be >= 1, got 0" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
