@@ -17,8 +17,10 @@ SMALL = ["--tables", "1000", "500", "50", "--dim", "8", "--hidden", "16", "--ste
          "--eval-samples", "2000", "--dense-lr", "0.01"]  # fmt: skip
 
 
-def ps_job(tmp: Path, name: str, *args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    proc = disttrain("ps", *SMALL, "--run-root", str(tmp), "--run-name", name, *args, timeout=200)
+def ps_job(
+    tmp: Path, name: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    proc = disttrain("ps", *SMALL, "--run-root", str(tmp), "--run-name", name, *args, timeout=200, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run = tmp / name
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -34,8 +36,19 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(tmp_path
     assert_close(losses, torch.tensor([r["loss"] for r in one], dtype=torch.float64), rtol=1e-5, atol=1e-6)
     assert losses[-1] < losses[0]
     assert summary["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=1e-4)
-    asp, _ = ps_job(tmp_path, "asp", "--trainers", "2", "--servers", "2", "--batch", "64", "--mode", "asp")
-    assert len(asp) == 8 and all(torch.isfinite(torch.tensor(r["loss"])) for r in asp)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ssp_keeps_its_bound_with_a_slow_trainer_and_asp_never_waits(tmp_path: Path) -> None:
+    slow = {"DISTTRAIN_FAULT": "ps_slow:0:1"}  # trainer 1 sleeps 50 ms per step
+    two = ["--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "16"]
+    ssp, summary = ps_job(tmp_path, "ssp", *two, "--mode", "ssp", "--staleness", "1", env=slow)
+    assert summary["max_staleness"] == 1, [r["staleness"] for r in ssp]  # ran ahead, never past the bound
+    assert all(0 <= r["staleness"] <= 1 for r in ssp)
+    asp, summary = ps_job(tmp_path, "asp", *two, "--mode", "asp", env=slow)
+    assert summary["max_staleness"] > 1, [r["staleness"] for r in asp]  # nobody waited for the slow one
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in asp) and asp[-1]["loss"] < asp[0]["loss"] + 0.05
 
 
 def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:

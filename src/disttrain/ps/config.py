@@ -16,9 +16,12 @@ class PSConfig:
     """Parameter servers (each holds 1/servers of every table's rows and their optimizer state)."""
     trainers: int = 2
     """Trainers (each trains on its share of every global batch; the dense part is replicated with DDP)."""
-    mode: Literal["bsp", "asp"] = "bsp"
+    mode: Literal["bsp", "ssp", "asp"] = "bsp"
     """bsp: every step's pushes are applied together before any trainer reads again (equals one process
-    on the combined batch); asp: pushes are applied as they arrive, nobody waits."""
+    on the combined batch); ssp: pushes apply as they arrive, and a trainer waits only when it would get
+    more than ``staleness`` steps ahead of the slowest; asp: nobody waits."""
+    staleness: int = 2
+    """ssp: how many steps a trainer may run ahead of the slowest one."""
     sharding: Literal["mod", "range"] = "mod"
     """Rows to servers: id mod servers (spreads hot ids) or contiguous ranges."""
     tables: tuple[int, ...] = (100_000, 50_000, 10_000, 1_000, 500, 100)
@@ -62,5 +65,6 @@ class PSConfig:
         for name in ("dim", "n_dense", "hidden", "steps", "batch", "eval_samples"):
             check(getattr(self, name) >= 1, f"ps.{name} must be >= 1, got {getattr(self, name)}")
         check(self.lr > 0 and self.dense_lr > 0, f"ps.lr and ps.dense_lr must be > 0, got {self.lr}, {self.dense_lr}")
+        check(self.staleness >= 0, f"ps.staleness must be >= 0, got {self.staleness}")
         check(self.eval_every >= 0, f"ps.eval_every must be >= 0, got {self.eval_every}")
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")

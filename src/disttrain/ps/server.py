@@ -67,3 +67,59 @@ def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int
         for p in ready:
             p[3].set_result(table.updates)
     return fut
+
+
+# -- clocks for SSP (kept by server 0) ----------------------------------------------------------------------
+_CLOCKS: dict[int, int] = {}
+_WAITERS: list[tuple[int, Future[int]]] = []
+
+
+def _slowest(n: int) -> int:
+    return min(_CLOCKS.get(t, 0) for t in range(n))
+
+
+def tick(trainer: int, clock: int, n: int) -> int:
+    """Trainer ``trainer`` finished its step ``clock`` (pushes applied); the slowest trainer's clock."""
+    with _LOCK:
+        _CLOCKS[trainer] = clock
+        slowest = _slowest(n)
+        ready = [w for w in _WAITERS if w[0] <= slowest]
+        _WAITERS[:] = [w for w in _WAITERS if w[0] > slowest]
+    for _, fut in ready:
+        fut.set_result(slowest)
+    return slowest
+
+
+@transport.async_execution
+def wait_for_clock(needed: int, n: int) -> Future[int]:
+    """Answered (with the slowest clock) once every one of the ``n`` trainers has reached clock ``needed``."""
+    fut: Future[int] = Future()
+    with _LOCK:
+        slowest = _slowest(n)
+        if slowest < needed:
+            _WAITERS.append((needed, fut))
+            return fut
+    fut.set_result(slowest)
+    return fut
+
+
+# -- the dense part, kept on server 0 for SSP / ASP ---------------------------------------------------------
+_DENSE: dict[str, Any] = {}
+
+
+def create_dense(flat: torch.Tensor, lr: float) -> int:
+    """Hold the dense part's parameters (one flat vector) and their Adam state; its length."""
+    param = torch.nn.Parameter(flat.clone())
+    _DENSE.update(param=param, opt=torch.optim.Adam([param], lr=lr))
+    return param.numel()
+
+
+def pull_dense() -> torch.Tensor:
+    return _DENSE["param"].detach().clone()
+
+
+def push_dense(grad: torch.Tensor) -> None:
+    """One Adam step with one trainer's gradient, applied as it arrives."""
+    with _LOCK:
+        _DENSE["param"].grad = grad
+        _DENSE["opt"].step()

@@ -16,17 +16,23 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from disttrain.ps import server
 from disttrain.ps.clicks import ClickLog, auc
 from disttrain.ps.client import TableClient
 from disttrain.ps.config import PSConfig
 from disttrain.ps.model import DenseArch
+from disttrain.rpc import transport
+from disttrain.utils.faults import fault_matches
 
 
 @dataclass
 class PSResult:
     losses: list[float] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+    """ssp / asp: per step, how many steps this trainer was ahead of the slowest when it read."""
     samples_per_s: float = 0.0
     bytes_per_step: float = 0.0
 
@@ -36,18 +42,25 @@ class PSTrainer:
     a lone trainer)."""
 
     def __init__(self, cfg: PSConfig, rank: int, servers: list[str], group: Any = None) -> None:
-        self.cfg, self.rank, self.group = cfg, rank, group
+        self.cfg, self.rank, self.group, self.servers = cfg, rank, group, servers
+        self.slow = fault_matches("ps_slow", 0, rank)
+        self.staleness: list[int] = []
         self.log = ClickLog(list(cfg.tables), cfg.n_dense, seed=cfg.seed)
         self.tables = [TableClient(f"t{i}", rows, cfg.dim, servers, cfg.sharding) for i, rows in enumerate(cfg.tables)]
         torch.manual_seed(cfg.seed)
         model = DenseArch(cfg.n_dense, len(cfg.tables), cfg.dim, cfg.hidden)
-        self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if group else model
+        self.dense_on_server = cfg.mode != "bsp" and cfg.trainers > 1  # DDP would put the trainers in lockstep
+        ddp = group is not None and not self.dense_on_server
+        self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
         self.eval_batch = self.log.batch(cfg.eval_samples, torch.Generator().manual_seed(cfg.seed + 999_983))
 
     def create_tables(self) -> None:
         for t in self.tables:
             t.create(optimizer=self.cfg.optimizer, lr=self.cfg.lr, seed=self.cfg.seed + 17)
+        if self.dense_on_server:
+            flat = parameters_to_vector(self.model.parameters()).detach()
+            transport.call(self.servers[0], server.create_dense, flat, self.cfg.dense_lr)
 
     def my_batch(self, step: int) -> Any:
         cfg = self.cfg
@@ -59,9 +72,25 @@ class PSTrainer:
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.stack([t.pull(ids[:, i]) for i, t in enumerate(self.tables)], dim=1)
 
+    def wait_turn(self, step: int) -> int:
+        """ssp: wait until the slowest trainer is at most ``staleness`` steps behind; how far behind it was."""
+        cfg = self.cfg
+        if cfg.mode == "bsp" or cfg.trainers == 1:
+            return 0
+        if cfg.mode == "ssp":
+            slowest = transport.call(self.servers[0], server.wait_for_clock, step - cfg.staleness, cfg.trainers)
+        else:
+            slowest = transport.call(self.servers[0], server.tick, self.rank, step, cfg.trainers)
+        return step - slowest
+
     def step(self, step: int) -> float:
         cfg = self.cfg
+        self.staleness.append(self.wait_turn(step))
+        if self.slow:
+            time.sleep(0.05)  # tests: DISTTRAIN_FAULT=ps_slow:0:<rank>
         b = self.my_batch(step)
+        if self.dense_on_server:
+            vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
         embs = self.lookup(b.ids).requires_grad_()
         loss = F.binary_cross_entropy_with_logits(self.model(b.dense, embs), b.label)
         self.opt.zero_grad(set_to_none=True)
@@ -70,8 +99,15 @@ class PSTrainer:
         together = (step, self.rank, cfg.trainers) if cfg.mode == "bsp" else None
         for i, t in enumerate(self.tables):
             t.push(b.ids[:, i], embs.grad[:, i] / cfg.trainers, together)
-        self.opt.step()
-        return self._mean(float(loss.detach()))
+        if self.dense_on_server:
+            params = list(self.model.parameters())
+            grad = parameters_to_vector([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+            transport.call(self.servers[0], server.push_dense, grad)
+        else:
+            self.opt.step()
+        if cfg.mode != "bsp" and cfg.trainers > 1:
+            transport.call(self.servers[0], server.tick, self.rank, step + 1, cfg.trainers)
+        return self._mean(float(loss.detach())) if cfg.mode == "bsp" else float(loss.detach())
 
     def _mean(self, x: float) -> float:
         if self.group is None:
@@ -83,13 +119,15 @@ class PSTrainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         b = self.eval_batch
+        if self.dense_on_server:
+            vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
         logits = torch.cat([self.model(b.dense[i : i + 4096], self.lookup(b.ids[i : i + 4096]))
                             for i in range(0, len(b.label), 4096)])  # fmt: skip
         return {"auc": auc(logits, b.label), "logloss": float(F.binary_cross_entropy_with_logits(logits, b.label)),
                 "ceiling_auc": auc(self.log.logits(b.dense, b.ids), b.label)}  # fmt: skip
 
     def fit(self, on_step: Any = None) -> PSResult:
-        cfg, res = self.cfg, PSResult()
+        cfg, res = self.cfg, PSResult(staleness=self.staleness)
         t0 = time.perf_counter()
         for step in range(cfg.steps):
             res.losses.append(self.step(step))

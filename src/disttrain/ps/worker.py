@@ -32,7 +32,7 @@ def reporter(cfg: PSConfig, run_dir: Path) -> Any:
     metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed by the last step)
 
     def on_step(step: int, res: PSResult) -> None:
-        rec: dict[str, Any] = {"step": step, "loss": res.losses[-1]}
+        rec: dict[str, Any] = {"step": step, "loss": res.losses[-1], "staleness": res.staleness[-1]}
         if res.evals and res.evals[-1]["step"] == step:
             rec.update(res.evals[-1])
             print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
@@ -62,7 +62,8 @@ def main(argv: list[str]) -> int:
         res = trainer.fit(reporter(cfg, run_dir) if rank == 0 else None)
         if rank == 0:
             summary = {"config": dataclasses.asdict(cfg), "final": res.evals[-1], "samples_per_s": res.samples_per_s,
-                       "bytes_per_step": res.bytes_per_step, "final_loss": res.losses[-1]}  # fmt: skip
+                       "bytes_per_step": res.bytes_per_step, "final_loss": res.losses[-1],
+                       "max_staleness": max(res.staleness, default=0)}  # fmt: skip
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             print(f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
                   f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}", flush=True)  # fmt: skip
