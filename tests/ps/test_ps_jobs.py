@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from disttrain.ps.clicks import ClickLog, write_criteo
+
 from conftest import disttrain
 
 SMALL = ["--tables", "1000", "500", "50", "--dim", "8", "--hidden", "16", "--steps", "8", "--eval-every", "0",
@@ -55,3 +57,18 @@ def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:
     proc = disttrain("ps", "--servers", "0", "--run-root", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "ps.servers must be >= 1, got 0" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
+    data = tmp_path / "day_0.tsv"
+    write_criteo(data, ClickLog([100] * 26, n_dense=13, seed=2), 600)
+    args = ["--data-path", str(data), "--tables", "100", "--trainers", "1", "--servers", "2", "--steps", "4",
+            "--batch", "64", "--eval-samples", "200", "--run-root", str(tmp_path), "--run-name", "criteo"]  # fmt: skip
+    proc = disttrain("ps", *args, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = json.loads((tmp_path / "criteo" / "summary.json").read_text())["final"]
+    assert 0.0 <= final["auc"] <= 1.0 and final["logloss"] > 0
+    proc = disttrain("ps", *args[:-2], "--run-name", "bad", "--tables", "100", "200", timeout=60)
+    assert proc.returncode == 2 and "give 1 or 26 table sizes (got 2)" in proc.stderr, proc.stderr

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from disttrain.config import LaunchConfig
+from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSConfig
 
@@ -19,6 +20,8 @@ def ps_run_dir(cfg: PSConfig) -> Path:
 
 
 def launch_ps(cfg: PSConfig) -> int:
+    if cfg.data_path is not None and not Path(cfg.data_path).is_file():
+        raise ConfigError(f"ps.data_path {cfg.data_path} does not exist; give a Criteo-format .tsv file")
     run_dir = ps_run_dir(cfg)
     config = run_dir / "config.json"
     config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")

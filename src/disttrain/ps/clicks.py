@@ -49,6 +49,13 @@ class ClickLog:
             z = z + w[ids[:, t]]
         return z
 
+    def held_out(self, n: int, seed: int) -> Batch:
+        return self.batch(n, torch.Generator().manual_seed(seed + 999_983))
+
+    def ceiling(self, b: Batch) -> float:
+        """The AUC of the hidden model itself on ``b``."""
+        return auc(self.logits(b.dense, b.ids), b.label)
+
     def batch(self, size: int, gen: torch.Generator) -> Batch:
         ids = torch.stack(
             [r2i[torch.multinomial(p, size, replacement=True, generator=gen)]
@@ -75,17 +82,21 @@ def parse_criteo_line(line: str, tables: list[int], where: str) -> tuple[float, 
     return label, dense, [h % tables[t % len(tables)] for t, h in enumerate(hashes)]
 
 
-def read_criteo(path: str | Path, tables: list[int], batch_size: int) -> Iterator[Batch]:
-    """Stream batches from a Criteo-format file (never loaded whole); ``tables`` rows per categorical feature
-    (one size for all 26, or 26 sizes)."""
+def read_criteo(path: str | Path, tables: list[int], batch_size: int, skip: int = 0) -> Iterator[Batch]:
+    """Stream batches from a Criteo-format file (never loaded whole), after its first ``skip`` samples;
+    ``tables`` rows per categorical feature (one size for all 26, or 26 sizes)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"data.path {path} does not exist; point it at a Criteo-format .tsv file")
     rows: list[tuple[float, list[float], list[int]]] = []
     with open(path, encoding="utf-8", errors="strict") as f:
         for n, line in enumerate(f, start=1):
-            if line.strip():
-                rows.append(parse_criteo_line(line, tables, f"{path}:{n}"))
+            if not line.strip():
+                continue
+            if skip:
+                skip -= 1
+                continue
+            rows.append(parse_criteo_line(line, tables, f"{path}:{n}"))
             if len(rows) == batch_size:
                 yield _to_batch(rows)
                 rows = []
@@ -96,6 +107,32 @@ def read_criteo(path: str | Path, tables: list[int], batch_size: int) -> Iterato
 def _to_batch(rows: list[tuple[float, list[float], list[int]]]) -> Batch:
     labels, dense, ids = zip(*rows, strict=True)
     return Batch(torch.tensor(dense), torch.tensor(ids, dtype=torch.int64), torch.tensor(labels))
+
+
+class CriteoFile:
+    """Batches from a Criteo-format file with the same interface as :class:`ClickLog`: the first ``held_out``
+    samples are the evaluation set, training reads the rest in order (from the start again at the end)."""
+
+    def __init__(self, path: str | Path, tables: list[int], held_out: int) -> None:
+        self.path = Path(path)
+        self.tables = tables if len(tables) == CRITEO_SPARSE else tables[:1] * CRITEO_SPARSE
+        self.n_eval = held_out
+        self._stream: Iterator[Batch] | None = None
+
+    def held_out(self, n: int, seed: int) -> Batch:
+        return next(read_criteo(self.path, self.tables, n))
+
+    def ceiling(self, b: Batch) -> float:
+        return float("nan")  # real data: no known ground truth
+
+    def batch(self, size: int, gen: torch.Generator) -> Batch:
+        while True:
+            if self._stream is None:
+                self._stream = read_criteo(self.path, self.tables, size, skip=self.n_eval)
+            b = next(self._stream, None)
+            if b is not None and len(b.label) == size:
+                return b
+            self._stream = None  # the end (or a short last batch): start again
 
 
 def write_criteo(path: Path, log: ClickLog, n: int, seed: int = 0) -> None:

@@ -67,4 +67,8 @@ class PSConfig:
         check(self.lr > 0 and self.dense_lr > 0, f"ps.lr and ps.dense_lr must be > 0, got {self.lr}, {self.dense_lr}")
         check(self.staleness >= 0, f"ps.staleness must be >= 0, got {self.staleness}")
         check(self.eval_every >= 0, f"ps.eval_every must be >= 0, got {self.eval_every}")
+        if self.data_path is not None:
+            check(len(self.tables) in (1, 26) and self.n_dense == 13,
+                  f"Criteo data (ps.data_path) has 13 dense and 26 categorical features: give 1 or 26 table sizes "
+                  f"(got {len(self.tables)}) and n_dense 13 (got {self.n_dense})")  # fmt: skip
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")

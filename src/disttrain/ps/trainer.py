@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from disttrain.ps import server
-from disttrain.ps.clicks import ClickLog, auc
+from disttrain.ps.clicks import ClickLog, CriteoFile, auc
 from disttrain.ps.client import TableClient
 from disttrain.ps.config import PSConfig
 from disttrain.ps.model import DenseArch
@@ -45,15 +45,20 @@ class PSTrainer:
         self.cfg, self.rank, self.group, self.servers = cfg, rank, group, servers
         self.slow = fault_matches("ps_slow", 0, rank)
         self.staleness: list[int] = []
-        self.log = ClickLog(list(cfg.tables), cfg.n_dense, seed=cfg.seed)
-        self.tables = [TableClient(f"t{i}", rows, cfg.dim, servers, cfg.sharding) for i, rows in enumerate(cfg.tables)]
+        self.log: ClickLog | CriteoFile = (
+            ClickLog(list(cfg.tables), cfg.n_dense, seed=cfg.seed)
+            if cfg.data_path is None
+            else CriteoFile(cfg.data_path, list(cfg.tables), cfg.eval_samples)
+        )
+        sizes = self.log.tables
+        self.tables = [TableClient(f"t{i}", rows, cfg.dim, servers, cfg.sharding) for i, rows in enumerate(sizes)]
         torch.manual_seed(cfg.seed)
-        model = DenseArch(cfg.n_dense, len(cfg.tables), cfg.dim, cfg.hidden)
+        model = DenseArch(cfg.n_dense, len(sizes), cfg.dim, cfg.hidden)
         self.dense_on_server = cfg.mode != "bsp" and cfg.trainers > 1  # DDP would put the trainers in lockstep
         ddp = group is not None and not self.dense_on_server
         self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
-        self.eval_batch = self.log.batch(cfg.eval_samples, torch.Generator().manual_seed(cfg.seed + 999_983))
+        self.eval_batch = self.log.held_out(cfg.eval_samples, cfg.seed)
 
     def create_tables(self) -> None:
         for t in self.tables:
@@ -124,7 +129,7 @@ class PSTrainer:
         logits = torch.cat([self.model(b.dense[i : i + 4096], self.lookup(b.ids[i : i + 4096]))
                             for i in range(0, len(b.label), 4096)])  # fmt: skip
         return {"auc": auc(logits, b.label), "logloss": float(F.binary_cross_entropy_with_logits(logits, b.label)),
-                "ceiling_auc": auc(self.log.logits(b.dense, b.ids), b.label)}  # fmt: skip
+                "ceiling_auc": self.log.ceiling(b)}  # fmt: skip
 
     def fit(self, on_step: Any = None) -> PSResult:
         cfg, res = self.cfg, PSResult(staleness=self.staleness)
