@@ -72,3 +72,20 @@ def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
     assert 0.0 <= final["auc"] <= 1.0 and final["logloss"] > 0
     proc = disttrain("ps", *args[:-2], "--run-name", "bad", "--tables", "100", "200", timeout=60)
     assert proc.returncode == 2 and "give 1 or 26 table sizes (got 2)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(tmp_path: Path) -> None:
+    two = ["--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "12", "--checkpoint-every", "4"]
+    clean, _ = ps_job(tmp_path, "clean", *two)
+    kill = {"DISTTRAIN_FAULT": "ps_server_kill:7:2"}  # server0 (rank 2) dies applying step 7
+    killed, _ = ps_job(tmp_path, "killed", *two, "--max-restarts", "1", env=kill)
+    steps = [r["step"] for r in killed]
+    assert steps == [*range(1, 7), *range(5, 13)], steps  # step 7 never finished; resumed after step 4
+    after = torch.tensor([r["loss"] for r in killed[-8:]], dtype=torch.float64)
+    assert_close(after, torch.tensor([r["loss"] for r in clean[4:]], dtype=torch.float64), rtol=0, atol=0)
+    events = [json.loads(x) for x in (tmp_path / "killed" / "health" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["step"]) for e in events] == [("ps_resume", 4)], events
+    ckpts = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
+    assert ckpts == ["step-00000004", "step-00000008", "step-00000012"], ckpts  # no half checkpoint left

@@ -29,5 +29,5 @@ def launch_ps(cfg: PSConfig) -> int:
     tables = f"{len(cfg.tables)} tables ({sum(cfg.tables):,} rows x {cfg.dim})"
     print(f"disttrain ps: {cfg.trainers} trainer(s) x {cfg.servers} server(s), {cfg.mode}, {tables}; "
           f"run folder {run_dir}", flush=True)  # fmt: skip
-    argv = torchrun_argv(nproc, LaunchConfig(), log_dir=run_dir / "logs")
+    argv = torchrun_argv(nproc, LaunchConfig(max_restarts=cfg.max_restarts), log_dir=run_dir / "logs")
     return run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu")

@@ -50,6 +50,11 @@ class PSConfig:
     """Held-out samples per evaluation."""
     seed: int = 0
     """Data, initialisation and ground truth."""
+    checkpoint_every: int = 0
+    """bsp: save every server's rows and optimizer state, and the dense part, every this many steps (0: never);
+    a restarted job resumes from the newest complete one."""
+    max_restarts: int = 0
+    """Restart the whole job (servers and trainers) this many times after a failure (torchrun)."""
     rpc_timeout_s: float = 60.0
     """A remote call that takes longer fails with a message naming the server."""
     run_root: str = "runs"
@@ -71,4 +76,10 @@ class PSConfig:
             check(len(self.tables) in (1, 26) and self.n_dense == 13,
                   f"Criteo data (ps.data_path) has 13 dense and 26 categorical features: give 1 or 26 table sizes "
                   f"(got {len(self.tables)}) and n_dense 13 (got {self.n_dense})")  # fmt: skip
+        check(
+            self.checkpoint_every >= 0 and self.max_restarts >= 0,
+            f"ps.checkpoint_every and ps.max_restarts must be >= 0, got {self.checkpoint_every}, {self.max_restarts}",
+        )
+        check(self.checkpoint_every == 0 or self.mode == "bsp",
+              f"server checkpoints need a consistent point between steps: mode bsp, not {self.mode!r}")  # fmt: skip
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")

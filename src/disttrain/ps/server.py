@@ -6,6 +6,8 @@ its shards in this module's registry (one server per process).
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from typing import Any
 
@@ -15,6 +17,7 @@ from torch.futures import Future
 from disttrain.errors import ConfigError
 from disttrain.ps.table import ShardTable
 from disttrain.rpc import transport
+from disttrain.utils.faults import fault_matches
 
 _TABLES: dict[str, ShardTable] = {}
 
@@ -64,6 +67,8 @@ def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int
         ready.sort(key=lambda p: p[0])
         table = _table(name)
         table.push(torch.cat([p[1] for p in ready]), torch.cat([p[2] for p in ready]))
+        if fault_matches("ps_server_kill", table.updates, int(os.environ.get("RANK", -1))):
+            os.kill(os.getpid(), signal.SIGKILL)  # tests: a server dies mid-run (after update k of a table)
         for p in ready:
             p[3].set_result(table.updates)
     return fut
@@ -123,3 +128,25 @@ def push_dense(grad: torch.Tensor) -> None:
     with _LOCK:
         _DENSE["param"].grad = grad
         _DENSE["opt"].step()
+
+
+# -- checkpoints --------------------------------------------------------------------------------------------
+def save_shards(path: str) -> int:
+    """Write this server's rows and optimizer state of every table to ``path`` (synced); bytes written."""
+    with _LOCK:
+        state = {name: {k: v.clone() for k, v in t.state_dict().items()} for name, t in _TABLES.items()}
+    tmp = path + ".part"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return os.path.getsize(path)
+
+
+def load_shards(path: str) -> int:
+    """Load what :func:`save_shards` wrote into this server's tables; the number of tables."""
+    state = torch.load(path, weights_only=True)
+    for name, table_state in state.items():
+        _table(name).load_state_dict(table_state)
+    return len(state)

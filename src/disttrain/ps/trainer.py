@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
 from disttrain.ps.clicks import ClickLog, CriteoFile, auc
 from disttrain.ps.client import TableClient
@@ -41,8 +43,11 @@ class PSTrainer:
     """Trainer ``rank`` of ``cfg.trainers``; ``group``: the trainers' process group is the default one (None:
     a lone trainer)."""
 
-    def __init__(self, cfg: PSConfig, rank: int, servers: list[str], group: Any = None) -> None:
-        self.cfg, self.rank, self.group, self.servers = cfg, rank, group, servers
+    def __init__(
+        self, cfg: PSConfig, rank: int, servers: list[str], group: Any = None, run_dir: Path | None = None
+    ) -> None:
+        self.cfg, self.rank, self.group, self.servers, self.run_dir = cfg, rank, group, servers, run_dir
+        self.start = 0
         self.slow = fault_matches("ps_slow", 0, rank)
         self.staleness: list[int] = []
         self.log: ClickLog | CriteoFile = (
@@ -131,16 +136,30 @@ class PSTrainer:
         return {"auc": auc(logits, b.label), "logloss": float(F.binary_cross_entropy_with_logits(logits, b.label)),
                 "ceiling_auc": self.log.ceiling(b)}  # fmt: skip
 
+    def state(self, step: int) -> dict[str, Any]:
+        model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+        return {"model": model.state_dict(), "opt": self.opt.state_dict(), "step": step}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+        model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.start = int(state["step"])
+
     def fit(self, on_step: Any = None) -> PSResult:
         cfg, res = self.cfg, PSResult(staleness=self.staleness)
         t0 = time.perf_counter()
-        for step in range(cfg.steps):
+        for step in range(self.start, cfg.steps):
             res.losses.append(self.step(step))
+            every = cfg.checkpoint_every
+            if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
+                ps_checkpoint.save(self.run_dir, step + 1, self.servers, self.state(step + 1))
             last = step + 1 == cfg.steps
             if self.rank == 0 and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last):
                 res.evals.append({"step": step + 1, **self.evaluate()})
             if on_step is not None:
                 on_step(step + 1, res)
-        res.samples_per_s = cfg.steps * cfg.batch * cfg.trainers / (time.perf_counter() - t0)
-        res.bytes_per_step = sum(t.bytes_moved for t in self.tables) / cfg.steps
+        done = max(cfg.steps - self.start, 1)
+        res.samples_per_s = done * cfg.batch * cfg.trainers / (time.perf_counter() - t0)
+        res.bytes_per_step = sum(t.bytes_moved for t in self.tables) / done
         return res

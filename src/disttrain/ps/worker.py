@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttrain.health.events import log_event
+from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps.config import PSConfig
 from disttrain.ps.trainer import PSResult, PSTrainer
 from disttrain.rpc import transport
@@ -38,6 +40,7 @@ def reporter(cfg: PSConfig, run_dir: Path) -> Any:
             print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
                   f"(ceiling {rec['ceiling_auc']:.4f}) | logloss {rec['logloss']:.4f}", flush=True)  # fmt: skip
         metrics.write(json.dumps(rec) + "\n")
+        metrics.flush()  # a killed job keeps every step it logged
         if step == cfg.steps:
             metrics.close()
 
@@ -54,9 +57,16 @@ def main(argv: list[str]) -> int:
     transport.init(me, rank, world, timeout_s=cfg.rpc_timeout_s)
     if rank < cfg.trainers:
         group = trainers_group(rank, cfg.trainers)
-        trainer = PSTrainer(cfg, rank, servers, group)
+        trainer = PSTrainer(cfg, rank, servers, group, run_dir)
+        resume = ps_checkpoint.latest(run_dir)
         if rank == 0:
             trainer.create_tables()
+            if resume is not None:
+                ps_checkpoint.load_servers(resume, servers)
+                log_event(run_dir, "ps_resume", step=ps_checkpoint.trainer_state(resume)["step"], path=str(resume))
+                print(f"resumed from {resume}", flush=True)
+        if resume is not None:
+            trainer.load_state(ps_checkpoint.trainer_state(resume))
         if group is not None:
             dist.barrier()
         res = trainer.fit(reporter(cfg, run_dir) if rank == 0 else None)
