@@ -94,3 +94,14 @@ def test_auc_and_the_generators_ceiling() -> None:
     assert abs(auc(torch.rand(20_000), b.label) - 0.5) < 0.02
     counts = torch.bincount(b.ids[:, 0], minlength=1000).sort(descending=True).values
     assert counts[:10].sum() > 0.25 * len(b.label)  # Zipf-like: a few ids are hot
+
+
+def test_the_plan_counts_every_row_once_with_its_optimizer_state() -> None:
+    from disttrain.ps.config import PSConfig
+    from disttrain.ps.plan import render_plan, server_bytes
+
+    cfg = PSConfig(servers=3, tables=(1000, 10), dim=8)
+    shards = server_bytes(cfg)
+    assert sum(r for r, _ in shards) == 1010 and sum(b for _, b in shards) == 1010 * 8 * 4 * 2  # rows + Adagrad
+    assert sum(b for _, b in server_bytes(PSConfig(servers=3, tables=(1000, 10), dim=8, optimizer="sgd"))) == 1010 * 32
+    assert "does NOT fit" in render_plan(cfg, host_bytes=1000) and "fits" in render_plan(cfg, host_bytes=10**9)

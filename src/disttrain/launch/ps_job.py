@@ -11,6 +11,7 @@ from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSConfig
+from disttrain.ps.plan import render_plan
 
 
 def ps_run_dir(cfg: PSConfig) -> Path:
@@ -20,6 +21,9 @@ def ps_run_dir(cfg: PSConfig) -> Path:
 
 
 def launch_ps(cfg: PSConfig) -> int:
+    if cfg.plan:
+        print(render_plan(cfg))
+        return 0
     if cfg.data_path is not None and not Path(cfg.data_path).is_file():
         raise ConfigError(f"ps.data_path {cfg.data_path} does not exist; give a Criteo-format .tsv file")
     run_dir = ps_run_dir(cfg)

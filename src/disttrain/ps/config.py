@@ -57,6 +57,8 @@ class PSConfig:
     """Restart the whole job (servers and trainers) this many times after a failure (torchrun)."""
     rpc_timeout_s: float = 60.0
     """A remote call that takes longer fails with a message naming the server."""
+    plan: bool = False
+    """Print rows and bytes per server and whether they fit in this host's memory, then stop."""
     run_root: str = "runs"
     """Where run folders are made."""
     run_name: str | None = None

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ def main(argv: list[str]) -> int:
     cfg = PSConfig(**json.loads(Path(argv[0]).read_text()))
     run_dir = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own DDP set-up, on gloo
     torch.set_num_threads(1)
     servers = [f"server{i}" for i in range(cfg.servers)]
     me = f"trainer{rank}" if rank < cfg.trainers else servers[rank - cfg.trainers]
