@@ -89,3 +89,15 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(tm
     assert [(e["event"], e["step"]) for e in events] == [("ps_resume", 4)], events
     ckpts = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
     assert ckpts == ["step-00000004", "step-00000008", "step-00000012"], ckpts  # no half checkpoint left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_default_job_learns_the_click_model(tmp_path: Path) -> None:
+    """The default tables and 2 x 2 layout, seeded, 60 of the default 400 steps: AUC >= 0.75 already."""
+    proc = disttrain("ps", "--steps", "60", "--eval-every", "0", "--eval-samples", "4000", "--run-root", str(tmp_path),
+                     "--run-name", "default", timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = json.loads((tmp_path / "default" / "summary.json").read_text())["final"]
+    assert final["auc"] >= 0.75 and final["auc"] < final["ceiling_auc"], final
+    assert "auc" in proc.stdout and "ceiling" in proc.stdout

@@ -40,10 +40,12 @@ def pull(name: str, rows: torch.Tensor) -> torch.Tensor:
 
 
 def push(name: str, rows: torch.Tensor, grads: torch.Tensor) -> int:
-    """Apply one sparse update; the table's update count after it."""
+    """Apply one sparse update as it arrives (ASP / SSP); the table's update count after it. Calls run on
+    the agent's thread pool: concurrent pushes are applied one after the other, none is lost."""
     table = _table(name)
-    table.push(rows, grads)
-    return table.updates
+    with _LOCK:
+        table.push(rows, grads)
+        return table.updates
 
 
 def state(name: str) -> dict[str, torch.Tensor]:
