@@ -8,16 +8,19 @@ network only.
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.futures import Future
 
 from disttrain.errors import RpcError
 
 DEFAULT_TIMEOUT_S = 60.0
+_GROUP: dict[str, Any] = {}
 
 
 def init(
@@ -40,6 +43,10 @@ def init(
         os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
     try:
         rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
+        # The rendezvous store lives in rank 0 (unless torchrun's agent hosts it): :func:`shutdown` uses it
+        # to let rank 0 leave last, so that no worker still finishing its shutdown loses the store.
+        store = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        _GROUP.update(store=store, rank=rank, world=world_size)
     except Exception as e:
         where = f"{name} (rank {rank} of {world_size})"
         raise RpcError(f"rpc: {where} could not join at {addr}:{port}: {_first(e)}") from None
@@ -89,6 +96,15 @@ def shutdown(graceful: bool = True, timeout_s: float = 30.0) -> None:
         rpc.shutdown(graceful=graceful, timeout=timeout_s)
     except Exception as e:
         raise RpcError(f"rpc: shutdown did not complete within {timeout_s:.0f}s: {_first(e)}") from None
+    store, rank, world = _GROUP.pop("store", None), _GROUP.pop("rank", 0), _GROUP.pop("world", 1)
+    if store is None:
+        return
+    try:
+        store.set(f"disttrain-rpc-left/{rank}", "1")
+        if rank == 0:  # the store's host waits until every other worker is through its shutdown
+            store.wait([f"disttrain-rpc-left/{r}" for r in range(world)], datetime.timedelta(seconds=timeout_s))
+    except Exception:  # a peer that already died: nothing left to wait for
+        pass
 
 
 def async_execution(fn: Callable[..., Any]) -> Callable[..., Any]:
