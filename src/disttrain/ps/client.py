@@ -68,3 +68,57 @@ class TableClient:
         for i, s in enumerate(self.servers):
             out[self.sharding.global_ids(i)] = transport.call(s, server.state, self.name)["weight"]
         return out
+
+
+Split = tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]
+"""One table's part of a batch: distinct ids, each column id's index among them, per-server (positions, rows)."""
+
+
+class TableGroup:
+    """All of a model's tables on the same servers: one pull and one push call per server and step, for
+    every table at once (instead of one per table and server)."""
+
+    def __init__(self, tables: list[TableClient]) -> None:
+        self.tables = tables
+        self.servers = tables[0].servers
+        self.names = [t.name for t in tables]
+        self.bytes_moved = 0
+
+    def _split(self, ids: torch.Tensor) -> list[Split]:
+        """Per table: (distinct ids, where each id of the column is among them, per-server parts)."""
+        out = []
+        for i, t in enumerate(self.tables):
+            uniq, inverse = torch.unique(ids[:, i], return_inverse=True)
+            out.append((uniq, inverse, t.sharding.split(uniq)))
+        return out
+
+    def pull(self, ids: torch.Tensor) -> torch.Tensor:
+        """(batch, tables) ids -> (batch, tables, dim) rows."""
+        split = self._split(ids)
+        futs = [
+            transport.call_async(s, server.pull_many, self.names, [parts[k][1] for _, _, parts in split])
+            for k, s in enumerate(self.servers)
+        ]
+        rows = [torch.empty(len(uniq), t.dim) for (uniq, _, _), t in zip(split, self.tables, strict=True)]
+        for k, (s, f) in enumerate(zip(self.servers, futs, strict=True)):
+            for i, got in enumerate(transport.wait(f, s, server.pull_many)):
+                rows[i][split[i][2][k][0]] = got
+        self.bytes_moved += sum(u.numel() * 8 + r.numel() * 4 for (u, _, _), r in zip(split, rows, strict=True))
+        return torch.stack([r[inv] for r, (_, inv, _) in zip(rows, split, strict=True)], dim=1)
+
+    def push(self, ids: torch.Tensor, grads: torch.Tensor, together: tuple[int, int, int] | None = None) -> None:
+        """(batch, tables, dim) gradients of the rows :meth:`pull` gave, summed per distinct id of each table."""
+        split = self._split(ids)
+        summed = [
+            torch.zeros(len(uniq), t.dim).index_add_(0, inv, grads[:, i])
+            for i, ((uniq, inv, _), t) in enumerate(zip(split, self.tables, strict=True))
+        ]
+        fn = server.push_many if together is None else server.push_many_together
+        futs = []
+        for k, s in enumerate(self.servers):
+            local = [parts[k][1] for _, _, parts in split]
+            part_grads = [g[parts[k][0]] for g, (_, _, parts) in zip(summed, split, strict=True)]
+            futs.append(transport.call_async(s, fn, self.names, local, part_grads, *(together or ())))
+        for s, f in zip(self.servers, futs, strict=True):
+            transport.wait(f, s, fn)
+        self.bytes_moved += sum(u.numel() * 8 + g.numel() * 4 for (u, _, _), g in zip(split, summed, strict=True))

@@ -152,3 +152,24 @@ def load_shards(path: str) -> int:
     for name, table_state in state.items():
         _table(name).load_state_dict(table_state)
     return len(state)
+
+
+# -- every table in one call per server ---------------------------------------------------------------------
+def pull_many(names: list[str], rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [_table(n).pull(r) for n, r in zip(names, rows, strict=True)]
+
+
+def push_many(names: list[str], rows: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """ASP / SSP: one sparse update per table, applied as it arrives (one after the other)."""
+    with _LOCK:
+        for n, r, g in zip(names, rows, grads, strict=True):
+            _table(n).push(r, g)
+
+
+@transport.async_execution
+def push_many_together(
+    names: list[str], rows: list[torch.Tensor], grads: list[torch.Tensor], clock: int, trainer: int, n: int
+) -> Future[int]:
+    """BSP for every table at once: :func:`push_together`, one call per server and step instead of one per table."""
+    futs = [push_together(name, r, g, clock, trainer, n) for name, r, g in zip(names, rows, grads, strict=True)]
+    return torch.futures.collect_all(futs).then(lambda done: min(f.wait() for f in done.wait()))

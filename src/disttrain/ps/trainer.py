@@ -22,7 +22,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
 from disttrain.ps.clicks import ClickLog, CriteoFile, auc
-from disttrain.ps.client import TableClient
+from disttrain.ps.client import TableClient, TableGroup
 from disttrain.ps.config import PSConfig
 from disttrain.ps.model import DenseArch
 from disttrain.rpc import transport
@@ -57,6 +57,7 @@ class PSTrainer:
         )
         sizes = self.log.tables
         self.tables = [TableClient(f"t{i}", rows, cfg.dim, servers, cfg.sharding) for i, rows in enumerate(sizes)]
+        self.group_tables = TableGroup(self.tables)
         torch.manual_seed(cfg.seed)
         model = DenseArch(cfg.n_dense, len(sizes), cfg.dim, cfg.hidden)
         self.dense_on_server = cfg.mode != "bsp" and cfg.trainers > 1  # DDP would put the trainers in lockstep
@@ -80,7 +81,7 @@ class PSTrainer:
         return b
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.stack([t.pull(ids[:, i]) for i, t in enumerate(self.tables)], dim=1)
+        return self.group_tables.pull(ids)
 
     def wait_turn(self, step: int) -> int:
         """ssp: wait until the slowest trainer is at most ``staleness`` steps behind; how far behind it was."""
@@ -107,8 +108,7 @@ class PSTrainer:
         loss.backward()
         assert embs.grad is not None
         together = (step, self.rank, cfg.trainers) if cfg.mode == "bsp" else None
-        for i, t in enumerate(self.tables):
-            t.push(b.ids[:, i], embs.grad[:, i] / cfg.trainers, together)
+        self.group_tables.push(b.ids, embs.grad / cfg.trainers, together)
         if self.dense_on_server:
             params = list(self.model.parameters())
             grad = parameters_to_vector([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
@@ -161,5 +161,5 @@ class PSTrainer:
                 on_step(step + 1, res)
         done = max(cfg.steps - self.start, 1)
         res.samples_per_s = done * cfg.batch * cfg.trainers / (time.perf_counter() - t0)
-        res.bytes_per_step = sum(t.bytes_moved for t in self.tables) / done
+        res.bytes_per_step = self.group_tables.bytes_moved / done
         return res
