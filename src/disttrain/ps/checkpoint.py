@@ -17,8 +17,16 @@ from typing import Any
 
 import torch
 
-from disttrain.checkpoint.layout import MANIFEST, MARKER, STEP_RE, fsync_dir, manifest_files, tmp_dir_name, write_synced
-from disttrain.checkpoint.layout import step_dir_name as step_name
+from disttrain.checkpoint.layout import (
+    MANIFEST,
+    MARKER,
+    STEP_RE,
+    fsync_dir,
+    manifest_files,
+    step_dir_name,
+    tmp_dir_name,
+    write_synced,
+)
 from disttrain.ps import server
 from disttrain.rpc import transport
 
@@ -38,7 +46,7 @@ def save(run_dir: Path, step: int, servers: list[str], trainer_state: dict[str, 
     manifest = {"step": step, "servers": servers, "files": manifest_files(tmp)}
     write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
     write_synced(tmp / MARKER, b"")
-    final = folder / step_name(step)
+    final = folder / step_dir_name(step)
     os.replace(tmp, final)
     fsync_dir(folder)
     return final

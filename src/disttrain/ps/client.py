@@ -1,7 +1,8 @@
-"""A trainer's view of one sharded table: pull the rows a batch needs, push their gradients back.
+"""A trainer's view of sharded tables: :class:`TableClient` creates (and gathers) one table; :class:`TableGroup`
+pulls the rows a batch needs from all tables and pushes their gradients back.
 
 Ids are deduplicated before they travel (hot ids appear many times in a batch), split by owner, and sent to
-all servers at once (one async call per server); the answers are scattered back into batch order.
+all servers at once (one async call per server for every table); the answers are scattered back into batch order.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ class TableClient:
     def __init__(self, name: str, rows: int, dim: int, servers: list[str], scheme: str = "mod") -> None:
         self.name, self.dim, self.servers = name, dim, servers
         self.sharding = RowSharding(rows, len(servers), scheme)
-        self.bytes_moved = 0
 
     def create(self, **options: Any) -> None:
         """Create every server's shard (rows initialised from their global ids: any sharding starts equal)."""
@@ -31,36 +31,6 @@ class TableClient:
         ]
         for s, f in zip(self.servers, futs, strict=True):
             transport.wait(f, s, server.create)
-
-    def pull(self, ids: torch.Tensor) -> torch.Tensor:
-        """The rows of ``ids`` (any shape), as ``ids.shape + (dim,)``; each distinct id travels once."""
-        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        parts = self.sharding.split(uniq)
-        futs = [
-            transport.call_async(self.servers[s], server.pull, self.name, local) for s, (_, local) in enumerate(parts)
-        ]
-        rows = torch.empty(len(uniq), self.dim)
-        for s, ((pos, _), f) in enumerate(zip(parts, futs, strict=True)):
-            rows[pos] = transport.wait(f, self.servers[s], server.pull)
-        self.bytes_moved += uniq.numel() * 8 + rows.numel() * rows.element_size()
-        return rows[inverse].reshape(*ids.shape, self.dim)
-
-    def push(self, ids: torch.Tensor, grads: torch.Tensor, together: tuple[int, int, int] | None = None) -> None:
-        """Send the gradient of each looked-up row (``ids.shape + (dim,)``), summed per distinct id.
-
-        ``together = (clock, trainer, n)``: BSP, the server applies the ``n`` trainers' pushes of one clock
-        as one update and answers when it is done; otherwise each push is applied as it arrives."""
-        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        summed = torch.zeros(len(uniq), self.dim).index_add_(0, inverse, grads.reshape(-1, self.dim))
-        parts = self.sharding.split(uniq)
-        fn = server.push if together is None else server.push_together
-        futs = [
-            transport.call_async(self.servers[s], fn, self.name, local, summed[pos], *(together or ()))
-            for s, (pos, local) in enumerate(parts)
-        ]
-        for s, f in enumerate(futs):
-            transport.wait(f, self.servers[s], fn)
-        self.bytes_moved += uniq.numel() * 8 + summed.numel() * summed.element_size()
 
     def full(self) -> torch.Tensor:
         """The whole table gathered from the servers (tests, checkpoints of small tables)."""

@@ -39,15 +39,6 @@ def pull(name: str, rows: torch.Tensor) -> torch.Tensor:
     return _table(name).pull(rows)
 
 
-def push(name: str, rows: torch.Tensor, grads: torch.Tensor) -> int:
-    """Apply one sparse update as it arrives (ASP / SSP); the table's update count after it. Calls run on
-    the agent's thread pool: concurrent pushes are applied one after the other, none is lost."""
-    table = _table(name)
-    with _LOCK:
-        table.push(rows, grads)
-        return table.updates
-
-
 def state(name: str) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in _table(name).state_dict().items()}
 
