@@ -42,6 +42,25 @@ def trainer(servers: list[str], scheme: str) -> dict[str, Any]:
             "bytes_moved": group.bytes_moved}  # fmt: skip
 
 
+def combined(servers: list[str]) -> dict[str, Any]:
+    """ASP pushes in flight together: the server applies the ones that queue during an update as one update
+    (with SGD, which is linear, that equals applying them one by one)."""
+    rows, dim, n = 200_000, 8, 8
+    client = TableClient("big", rows, dim, servers[:1])
+    client.create(optimizer="sgd", lr=0.1, seed=5)
+    dense = ShardTable(torch.arange(rows), dim, optimizer="sgd", lr=0.1, seed=5)
+    gen = torch.Generator().manual_seed(1)
+    pushes = [(torch.randint(0, rows, (50_000,), generator=gen), torch.randn(50_000, dim, generator=gen))
+              for _ in range(n)]  # fmt: skip
+    before = transport.call(servers[0], server.push_stats)
+    futs = [transport.call_async(servers[0], server.push_many, ["big"], [r], [g]) for r, g in pushes]
+    held = [transport.wait(f, servers[0], server.push_many) for f in futs]
+    for r, g in pushes:
+        dense.push(r, g)
+    stats = {k: v - before[k] for k, v in transport.call(servers[0], server.push_stats).items()}
+    return {"held": held, "stats": stats, "equal": bool(torch.allclose(client.full(), dense.weight, atol=1e-6))}
+
+
 def errors(servers: list[str]) -> dict[str, str]:
     out = {}
     for key, call in {
@@ -64,6 +83,7 @@ def main() -> None:
     if rank == 0:
         result = {scheme: trainer(servers, scheme) for scheme in ("mod", "range")}
         result["errors"] = errors(servers)
+        result["combined"] = combined(servers)
         (out_dir / "ps.json").write_text(json.dumps(result))
     transport.shutdown()
 

@@ -4,6 +4,8 @@ batch; ASP runs without waiting; mistakes are one line."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from torch.testing import assert_close
 
 from disttrain.ps.clicks import ClickLog, write_criteo
 
-from conftest import disttrain
+from conftest import BIN, child_env, disttrain
 
 SMALL = ["--tables", "1000", "500", "50", "--dim", "8", "--hidden", "16", "--steps", "8", "--eval-every", "0",
          "--eval-samples", "2000", "--dense-lr", "0.01"]  # fmt: skip
@@ -38,6 +40,22 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(tmp_path
     assert_close(losses, torch.tensor([r["loss"] for r in one], dtype=torch.float64), rtol=1e-5, atol=1e-6)
     assert losses[-1] < losses[0]
     assert summary["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=1e-4)
+    # the same job over two "nodes" (two launchers meeting at a c10d rendezvous on this host)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]
+    two = [*SMALL, "--trainers", "2", "--servers", "2", "--batch", "64", "--run-root", str(tmp_path / "nodes")]
+    other = subprocess.Popen([str(BIN / "disttrain"), "ps", *two, "--run-name", "n", *nodes, "1"], env=child_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = disttrain("ps", *two, "--run-name", "n", *nodes, "0", timeout=200)
+    _, err = other.communicate(timeout=60)
+    assert proc.returncode == 0 and other.returncode == 0, proc.stderr[-2000:] + err[-2000:]
+    metrics = [json.loads(x) for x in (tmp_path / "nodes" / "n" / "metrics.jsonl").read_text().splitlines()]
+    assert_close(torch.tensor([r["loss"] for r in metrics], dtype=torch.float64), losses, rtol=1e-5, atol=1e-6)
+    # the dense part on server 0 instead of DDP: a step's two gradients averaged into one Adam step
+    on_server, _ = ps_job(tmp_path, "server", "--trainers", "2", "--batch", "64", "--dense", "server")
+    assert_close(torch.tensor([r["loss"] for r in on_server], dtype=torch.float64), losses, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -57,6 +75,10 @@ def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:
     proc = disttrain("ps", "--servers", "0", "--run-root", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "ps.servers must be >= 1, got 0" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = disttrain("ps", "--dense", "ddp", "--mode", "asp", "--run-root", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "use --dense server (or auto) with --mode asp" in proc.stderr, proc.stderr
+    proc = disttrain("ps", "--launch.nnodes", "3", "--launch.rdzv-endpoint", "h:1", "--run-root", str(tmp_path))
+    assert proc.returncode == 2 and "4 processes (2 trainers + 2 servers)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow
@@ -70,6 +92,19 @@ def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads((tmp_path / "criteo" / "summary.json").read_text())["final"]
     assert 0.0 <= final["auc"] <= 1.0 and final["logloss"] > 0
+    # server0 (rank 1) dies applying step 3: the restarted job resumes after step 2 and reads the file on
+    # from there, so its last steps equal the uninterrupted run's
+    kill = {"DISTTRAIN_FAULT": "ps_server_kill:3:1"}
+    more = ["--checkpoint-every", "2", "--launch.max-restarts", "1"]
+    proc = disttrain("ps", *args[:-1], "criteo-killed", *more, timeout=200, env=kill)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    clean, killed = (
+        [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("criteo", "criteo-killed")
+    )
+    assert killed == clean, (clean, killed)  # step 3 never finished, so it was logged once
+    events = (tmp_path / "criteo-killed" / "health" / "events.jsonl").read_text()
+    assert '"event": "ps_resume"' in events and '"step": 2' in events, events
     proc = disttrain("ps", *args[:-2], "--run-name", "bad", "--tables", "100", "200", timeout=60)
     assert proc.returncode == 2 and "give 1 or 26 table sizes (got 2)" in proc.stderr, proc.stderr
 
@@ -80,15 +115,25 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(tm
     two = ["--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "12", "--checkpoint-every", "4"]
     clean, _ = ps_job(tmp_path, "clean", *two)
     kill = {"DISTTRAIN_FAULT": "ps_server_kill:7:2"}  # server0 (rank 2) dies applying step 7
-    killed, _ = ps_job(tmp_path, "killed", *two, "--max-restarts", "1", env=kill)
+    killed, _ = ps_job(tmp_path, "killed", *two, "--launch.max-restarts", "1", env=kill)
     steps = [r["step"] for r in killed]
     assert steps == [*range(1, 7), *range(5, 13)], steps  # step 7 never finished; resumed after step 4
     after = torch.tensor([r["loss"] for r in killed[-8:]], dtype=torch.float64)
     assert_close(after, torch.tensor([r["loss"] for r in clean[4:]], dtype=torch.float64), rtol=0, atol=0)
     events = [json.loads(x) for x in (tmp_path / "killed" / "health" / "events.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["step"]) for e in events] == [("ps_resume", 4)], events
+    assert {e["server"] for e in events if e["event"] == "ps_server_down"} == {"server0"}, events
+    assert (events[-1]["event"], events[-1]["step"]) == ("ps_resume", 4), events
     ckpts = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
     assert ckpts == ["step-00000004", "step-00000008", "step-00000012"], ckpts  # no half checkpoint left
+    # Without restarts, a server that stays down ends the job with one line naming it; running the same
+    # run name again resumes from the server checkpoint and ends as the clean run did.
+    args = [*SMALL, *two, "--run-root", str(tmp_path), "--run-name", "down"]
+    proc = disttrain("ps", *args, timeout=200, env=kill)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = "disttrain ps: server0 (rank 2) is down or not answering"
+    assert line in proc.stderr and "run again with --run-name down to resume" in proc.stderr, proc.stderr[-3000:]
+    again, _ = ps_job(tmp_path, "down", *two)
+    assert_close(torch.tensor([r["loss"] for r in again[-8:]]), torch.tensor([r["loss"] for r in clean[4:]]))
 
 
 @pytest.mark.slow
@@ -101,3 +146,18 @@ def test_the_default_job_learns_the_click_model(tmp_path: Path) -> None:
     final = json.loads((tmp_path / "default" / "summary.json").read_text())["final"]
     assert final["auc"] >= 0.75 and final["auc"] < final["ceiling_auc"], final
     assert "auc" in proc.stdout and "ceiling" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_wedged_server_is_caught_by_the_trainers_hang_watchdog(tmp_path: Path) -> None:
+    """server1 (rank 3) stops answering in step 3's push: the trainers' heartbeats stop moving in phase
+    'optimizer' (pushes), the watchdog names them, every trainer dumps its stacks and the job ends."""
+    hang = {"DISTTRAIN_FAULT": "ps_server_hang:3:3"}
+    fast = ["--health.hang-timeout-s", "4", "--health.heartbeat-s", "0.5", "--run-root", str(tmp_path)]
+    proc = disttrain("ps", *SMALL, *fast, "--run-name", "hang", env=hang, timeout=200)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "hang: rank 0 made no progress for" in proc.stderr and "in phase 'optimizer' of step 3" in proc.stderr
+    stacks = tmp_path / "hang" / "health" / "stacks"
+    assert sorted(p.name for p in stacks.glob("*.txt")) == ["attempt0-rank0.txt", "attempt0-rank1.txt"]
+    assert "push" in (stacks / "attempt0-rank0.txt").read_text()  # the stack shows where it waits

@@ -22,3 +22,6 @@ def test_a_table_sharded_over_two_servers_equals_the_whole_table(tmp_path: Path)
     assert errors["missing_table"].startswith("rpc: pull on server0 failed:"), errors
     assert "no table 'nope' on this server" in errors["missing_table"]
     assert errors["timeout"].startswith("rpc: sleep on server1 failed: timed out"), errors
+    combined = result["combined"]  # 8 pushes in flight at once
+    assert combined["equal"] and combined["stats"]["pushes"] == 8, combined
+    assert combined["stats"]["updates"] < 8 and max(combined["held"]) > 1, combined  # some applied together

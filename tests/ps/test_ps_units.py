@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from disttrain.errors import ConfigError
-from disttrain.ps.clicks import ClickLog, auc, parse_criteo_line, read_criteo, write_criteo
+from disttrain.ps.clicks import ClickLog, CriteoFile, auc, parse_criteo_line, read_criteo, write_criteo
 from disttrain.ps.sharding import RowSharding
 from disttrain.ps.table import ShardTable
 
@@ -105,3 +105,19 @@ def test_the_plan_counts_every_row_once_with_its_optimizer_state() -> None:
     assert sum(r for r, _ in shards) == 1010 and sum(b for _, b in shards) == 1010 * 8 * 4 * 2  # rows + Adagrad
     assert sum(b for _, b in server_bytes(PSConfig(servers=3, tables=(1000, 10), dim=8, optimizer="sgd"))) == 1010 * 32
     assert "does NOT fit" in render_plan(cfg, host_bytes=1000) and "fits" in render_plan(cfg, host_bytes=10**9)
+
+
+@pytest.mark.parametrize("resume_at", [1, 3, 7])  # 7: past the end of the first pass (3 batches of 16 per pass)
+def test_a_resumed_criteo_stream_goes_on_where_an_uninterrupted_one_would(tmp_path: Path, resume_at: int) -> None:
+    path = tmp_path / "day_0.tsv"
+    write_criteo(path, ClickLog([100] * 26, n_dense=13, seed=1), 60)  # 10 held out, 50 to train: 3 full batches
+    gen = torch.Generator()
+    straight = CriteoFile(path, [100], held_out=10)
+    expected = [straight.batch(16, gen) for _ in range(resume_at + 2)][resume_at:]
+    resumed = CriteoFile(path, [100], held_out=10)
+    resumed.seek(resume_at, 16)
+    for want in expected:
+        got = resumed.batch(16, gen)
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.label, want.label)
+    fresh = CriteoFile(path, [100], held_out=10).batch(16, gen)
+    assert torch.equal(fresh.ids, expected[0].ids) == (resume_at % 3 == 0)  # a whole pass later: the start again

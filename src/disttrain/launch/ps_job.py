@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
-from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSConfig
@@ -29,9 +29,22 @@ def launch_ps(cfg: PSConfig) -> int:
     run_dir = ps_run_dir(cfg)
     config = run_dir / "config.json"
     config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    nproc = cfg.trainers + cfg.servers
+    nproc = ps_procs_per_node(cfg)
     tables = f"{len(cfg.tables)} tables ({sum(cfg.tables):,} rows x {cfg.dim})"
     print(f"disttrain ps: {cfg.trainers} trainer(s) x {cfg.servers} server(s), {cfg.mode}, {tables}; "
           f"run folder {run_dir}", flush=True)  # fmt: skip
-    argv = torchrun_argv(nproc, LaunchConfig(max_restarts=cfg.max_restarts), log_dir=run_dir / "logs")
+    argv = torchrun_argv(nproc, cfg.launch, log_dir=run_dir / "logs")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings repeat what the trainers say
     return run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu")
+
+
+def ps_procs_per_node(cfg: PSConfig) -> int:
+    """Trainers + servers spread evenly over ``launch.nnodes`` (ranks in order: trainers, then servers)."""
+    total = cfg.trainers + cfg.servers
+    nodes = int(cfg.launch.nnodes.split(":")[-1])
+    if ":" in cfg.launch.nnodes or total % nodes:
+        raise ConfigError(
+            f"disttrain ps runs {total} processes ({cfg.trainers} trainers + {cfg.servers} servers), which "
+            f"launch.nnodes {cfg.launch.nnodes!r} must divide evenly (a fixed number of nodes: RPC groups are static)"
+        )
+    return total // nodes

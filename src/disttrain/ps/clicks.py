@@ -125,6 +125,13 @@ class CriteoFile:
     def ceiling(self, b: Batch) -> float:
         return float("nan")  # real data: no known ground truth
 
+    def seek(self, batches: int, size: int) -> None:
+        """Go on after ``batches`` batches of ``size``, as an uninterrupted run would (a resumed job)."""
+        with open(self.path, encoding="utf-8", errors="strict") as f:
+            samples = sum(1 for line in f if line.strip())
+        per_pass = max((samples - self.n_eval) // size, 1)
+        self._stream = read_criteo(self.path, self.tables, size, skip=self.n_eval + (batches % per_pass) * size)
+
     def batch(self, size: int, gen: torch.Generator) -> Batch:
         while True:
             if self._stream is None:

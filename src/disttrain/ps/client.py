@@ -76,8 +76,12 @@ class TableGroup:
         self.bytes_moved += sum(u.numel() * 8 + r.numel() * 4 for (u, _, _), r in zip(split, rows, strict=True))
         return torch.stack([r[inv] for r, (_, inv, _) in zip(rows, split, strict=True)], dim=1)
 
-    def push(self, ids: torch.Tensor, grads: torch.Tensor, together: tuple[int, int, int] | None = None) -> None:
-        """(batch, tables, dim) gradients of the rows :meth:`pull` gave, summed per distinct id of each table."""
+    def push(
+        self, ids: torch.Tensor, grads: torch.Tensor, together: tuple[int, int, int] | None = None, combine: bool = True
+    ) -> None:
+        """(batch, tables, dim) gradients of the rows :meth:`pull` gave, summed per distinct id of each table;
+        ``together``: (clock, trainer, trainers) of a BSP step, else applied as it arrives (``combine``: with
+        the other pushes that arrive meanwhile)."""
         split = self._split(ids)
         summed = [
             torch.zeros(len(uniq), t.dim).index_add_(0, inv, grads[:, i])
@@ -88,7 +92,7 @@ class TableGroup:
         for k, s in enumerate(self.servers):
             local = [parts[k][1] for _, _, parts in split]
             part_grads = [g[parts[k][0]] for g, (_, _, parts) in zip(summed, split, strict=True)]
-            futs.append(transport.call_async(s, fn, self.names, local, part_grads, *(together or ())))
+            futs.append(transport.call_async(s, fn, self.names, local, part_grads, *(together or (combine,))))
         for s, f in zip(self.servers, futs, strict=True):
             transport.wait(f, s, fn)
         self.bytes_moved += sum(u.numel() * 8 + g.numel() * 4 for (u, _, _), g in zip(split, summed, strict=True))

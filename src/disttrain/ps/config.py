@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
+from disttrain.config import HealthConfig, LaunchConfig
 from disttrain.config.values import check
 
 
@@ -22,6 +23,12 @@ class PSConfig:
     more than ``staleness`` steps ahead of the slowest; asp: nobody waits."""
     staleness: int = 2
     """ssp: how many steps a trainer may run ahead of the slowest one."""
+    dense: Literal["auto", "ddp", "server"] = "auto"
+    """The dense MLP: ddp (replicated on the trainers, gradients all-reduced over their own process group;
+    bsp only), server (held by server 0 with its Adam state; under bsp a step's gradients are averaged into
+    one update); auto: ddp under bsp, server otherwise."""
+    combine_pushes: bool = True
+    """ssp / asp: pushes that arrive while a server is applying one are applied together, as one update."""
     sharding: Literal["mod", "range"] = "mod"
     """Rows to servers: id mod servers (spreads hot ids) or contiguous ranges."""
     tables: tuple[int, ...] = (100_000, 50_000, 10_000, 1_000, 500, 100)
@@ -53,16 +60,32 @@ class PSConfig:
     checkpoint_every: int = 0
     """bsp: save every server's rows and optimizer state, and the dense part, every this many steps (0: never);
     a restarted job resumes from the newest complete one."""
-    max_restarts: int = 0
-    """Restart the whole job (servers and trainers) this many times after a failure (torchrun)."""
     rpc_timeout_s: float = 60.0
     """A remote call that takes longer fails with a message naming the server."""
+    log_every: int = 20
+    """Print a progress line (loss, samples/s, staleness) every this many steps (0: only evaluations)."""
     plan: bool = False
     """Print rows and bytes per server and whether they fit in this host's memory, then stop."""
     run_root: str = "runs"
     """Where run folders are made."""
     run_name: str | None = None
     """The run folder's name (default: ps-<time>)."""
+    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
+    """Nodes and restarts: ``--launch.max-restarts N`` restarts the whole job (servers and trainers) from the
+    last server checkpoint; ``--launch.nnodes 2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K``
+    spreads trainers and servers over machines (ranks in order: trainers first, then servers)."""
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    """The trainers' heartbeats and hang watchdog (the LM trainer's, see ``disttrain run --help``)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PSConfig:
+        """What ``dataclasses.asdict`` wrote (the run folder's config.json) back into a config."""
+        d = dict(d, tables=tuple(d["tables"]))
+        return cls(**d | {"launch": LaunchConfig(**d["launch"]), "health": HealthConfig(**d["health"])})
+
+    @property
+    def dense_on_server(self) -> bool:
+        return self.dense == "server" or (self.dense == "auto" and self.mode != "bsp")
 
     def __post_init__(self) -> None:
         check(self.servers >= 1, f"ps.servers must be >= 1, got {self.servers}")
@@ -78,10 +101,11 @@ class PSConfig:
             check(len(self.tables) in (1, 26) and self.n_dense == 13,
                   f"Criteo data (ps.data_path) has 13 dense and 26 categorical features: give 1 or 26 table sizes "
                   f"(got {len(self.tables)}) and n_dense 13 (got {self.n_dense})")  # fmt: skip
-        check(
-            self.checkpoint_every >= 0 and self.max_restarts >= 0,
-            f"ps.checkpoint_every and ps.max_restarts must be >= 0, got {self.checkpoint_every}, {self.max_restarts}",
-        )
+        check(self.checkpoint_every >= 0, f"ps.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        check(self.log_every >= 0, f"ps.log_every must be >= 0, got {self.log_every}")
+        check(self.dense != "ddp" or self.mode == "bsp",
+              f"ps.dense ddp keeps the trainers in lockstep (an all-reduce per step), which {self.mode} exists to "
+              f"avoid: use --dense server (or auto) with --mode {self.mode}")  # fmt: skip
         check(self.checkpoint_every == 0 or self.mode == "bsp",
               f"server checkpoints need a consistent point between steps: mode bsp, not {self.mode!r}")  # fmt: skip
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")

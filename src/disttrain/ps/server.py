@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import torch
@@ -60,8 +61,11 @@ def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int
         ready.sort(key=lambda p: p[0])
         table = _table(name)
         table.push(torch.cat([p[1] for p in ready]), torch.cat([p[2] for p in ready]))
-        if fault_matches("ps_server_kill", table.updates, int(os.environ.get("RANK", -1))):
+        rank = int(os.environ.get("RANK", -1))
+        if fault_matches("ps_server_kill", table.updates, rank):
             os.kill(os.getpid(), signal.SIGKILL)  # tests: a server dies mid-run (after update k of a table)
+        if fault_matches("ps_server_hang", table.updates, rank):
+            time.sleep(3600)  # tests: a server stops answering (wedged, not dead)
         for p in ready:
             p[3].set_result(table.updates)
     return fut
@@ -101,8 +105,9 @@ def wait_for_clock(needed: int, n: int) -> Future[int]:
     return fut
 
 
-# -- the dense part, kept on server 0 for SSP / ASP ---------------------------------------------------------
+# -- the dense part, kept on server 0 (ps.dense = server) --------------------------------------------------
 _DENSE: dict[str, Any] = {}
+_DENSE_PENDING: dict[int, list[tuple[int, torch.Tensor, Future[None]]]] = {}
 
 
 def create_dense(flat: torch.Tensor, lr: float) -> int:
@@ -117,10 +122,38 @@ def pull_dense() -> torch.Tensor:
 
 
 def push_dense(grad: torch.Tensor) -> None:
-    """One Adam step with one trainer's gradient, applied as it arrives."""
+    """ssp / asp: one Adam step with one trainer's gradient, applied as it arrives."""
     with _LOCK:
         _DENSE["param"].grad = grad
         _DENSE["opt"].step()
+
+
+@transport.async_execution
+def push_dense_together(grad: torch.Tensor, clock: int, trainer: int, n: int) -> Future[None]:
+    """bsp: the ``n`` trainers' gradients of one clock, averaged (in trainer order), make one Adam step, as
+    DDP's all-reduce would; every caller is answered once it is applied."""
+    fut: Future[None] = Future()
+    with _LOCK:
+        pending = _DENSE_PENDING.setdefault(clock, [])
+        pending.append((trainer, grad, fut))
+        ready = _DENSE_PENDING.pop(clock) if len(pending) == n else None
+        if ready is not None:
+            ready.sort(key=lambda p: p[0])
+            _DENSE["param"].grad = torch.stack([p[1] for p in ready]).sum(0) / n
+            _DENSE["opt"].step()
+    for p in ready or ():
+        p[2].set_result(None)
+    return fut
+
+
+def dense_state() -> dict[str, Any]:
+    return {"param": _DENSE["param"].detach().clone(), "opt": _DENSE["opt"].state_dict()}
+
+
+def load_dense_state(state: dict[str, Any]) -> None:
+    with _LOCK:
+        _DENSE["param"].data.copy_(state["param"])
+        _DENSE["opt"].load_state_dict(state["opt"])
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------
@@ -150,11 +183,56 @@ def pull_many(names: list[str], rows: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_table(n).pull(r) for n, r in zip(names, rows, strict=True)]
 
 
-def push_many(names: list[str], rows: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-    """ASP / SSP: one sparse update per table, applied as it arrives (one after the other)."""
-    with _LOCK:
+_QUEUE: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor], Future[int]]] = []
+_QLOCK = threading.Lock()
+_APPLYING = [False]
+_STATS = {"pushes": 0, "updates": 0}
+
+
+@transport.async_execution
+def push_many(
+    names: list[str], rows: list[torch.Tensor], grads: list[torch.Tensor], combine: bool = True
+) -> Future[int]:
+    """ASP / SSP: one sparse update per table, applied as it arrives. One caller at a time applies; pushes
+    that arrive meanwhile queue, and (``combine``) the next update applies all of them together (group
+    commit: one ``index_add`` and one optimizer step per table instead of one per push). Answers with how
+    many pushes its update held."""
+    fut: Future[int] = Future()
+    with _QLOCK:
+        _QUEUE.append((names, rows, grads, fut))
+        if _APPLYING[0]:
+            return fut  # the caller that is applying will pick it up
+        _APPLYING[0] = True
+    while True:
+        with _QLOCK:
+            batch = list(_QUEUE) if combine else _QUEUE[:1]
+            del _QUEUE[: len(batch)]
+            if not batch:
+                _APPLYING[0] = False
+                break
+        _apply(batch)
+        for b in batch:
+            b[3].set_result(len(batch))
+    return fut
+
+
+def _apply(batch: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor], Future[int]]]) -> None:
+    per_table: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for names, rows, grads, _ in batch:
         for n, r, g in zip(names, rows, grads, strict=True):
-            _table(n).push(r, g)
+            per_table.setdefault(n, ([], []))[0].append(r)
+            per_table[n][1].append(g)
+    with _LOCK:
+        for n, (rs, gs) in per_table.items():
+            _table(n).push(torch.cat(rs), torch.cat(gs))
+        _STATS["pushes"] += len(batch)
+        _STATS["updates"] += 1
+
+
+def push_stats() -> dict[str, int]:
+    """How many pushes (ssp / asp) arrived, and in how many updates they were applied."""
+    with _LOCK:
+        return dict(_STATS)
 
 
 @transport.async_execution

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
 from disttrain.ps.clicks import ClickLog, CriteoFile, auc
@@ -44,9 +45,16 @@ class PSTrainer:
     a lone trainer)."""
 
     def __init__(
-        self, cfg: PSConfig, rank: int, servers: list[str], group: Any = None, run_dir: Path | None = None
+        self,
+        cfg: PSConfig,
+        rank: int,
+        servers: list[str],
+        group: Any = None,
+        run_dir: Path | None = None,
+        health: HealthMonitor | None = None,
     ) -> None:
         self.cfg, self.rank, self.group, self.servers, self.run_dir = cfg, rank, group, servers, run_dir
+        self.health = health
         self.start = 0
         self.slow = fault_matches("ps_slow", 0, rank)
         self.staleness: list[int] = []
@@ -60,7 +68,7 @@ class PSTrainer:
         self.group_tables = TableGroup(self.tables)
         torch.manual_seed(cfg.seed)
         model = DenseArch(cfg.n_dense, len(sizes), cfg.dim, cfg.hidden)
-        self.dense_on_server = cfg.mode != "bsp" and cfg.trainers > 1  # DDP would put the trainers in lockstep
+        self.dense_on_server = cfg.dense_on_server
         ddp = group is not None and not self.dense_on_server
         self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
@@ -94,30 +102,44 @@ class PSTrainer:
             slowest = transport.call(self.servers[0], server.tick, self.rank, step, cfg.trainers)
         return step - slowest
 
+    def _phase(self, name: str) -> None:
+        if self.health is not None:
+            self.health.phase(name)
+
     def step(self, step: int) -> float:
         cfg = self.cfg
+        self._phase("data")
         self.staleness.append(self.wait_turn(step))
         if self.slow:
             time.sleep(0.05)  # tests: DISTTRAIN_FAULT=ps_slow:0:<rank>
         b = self.my_batch(step)
+        self._phase("forward")  # pulls included
         if self.dense_on_server:
             vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
         embs = self.lookup(b.ids).requires_grad_()
         loss = F.binary_cross_entropy_with_logits(self.model(b.dense, embs), b.label)
+        self._phase("backward")
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         assert embs.grad is not None
+        self._phase("optimizer")  # pushes included
         together = (step, self.rank, cfg.trainers) if cfg.mode == "bsp" else None
-        self.group_tables.push(b.ids, embs.grad / cfg.trainers, together)
+        self.group_tables.push(b.ids, embs.grad / cfg.trainers, together, cfg.combine_pushes)
         if self.dense_on_server:
-            params = list(self.model.parameters())
-            grad = parameters_to_vector([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
-            transport.call(self.servers[0], server.push_dense, grad)
+            self._push_dense(step)
         else:
             self.opt.step()
         if cfg.mode != "bsp" and cfg.trainers > 1:
             transport.call(self.servers[0], server.tick, self.rank, step + 1, cfg.trainers)
         return self._mean(float(loss.detach())) if cfg.mode == "bsp" else float(loss.detach())
+
+    def _push_dense(self, step: int) -> None:
+        params = list(self.model.parameters())
+        grad = parameters_to_vector([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+        if self.cfg.mode == "bsp":
+            transport.call(self.servers[0], server.push_dense_together, grad, step, self.rank, self.cfg.trainers)
+        else:
+            transport.call(self.servers[0], server.push_dense, grad)
 
     def _mean(self, x: float) -> float:
         if self.group is None:
@@ -137,25 +159,39 @@ class PSTrainer:
                 "ceiling_auc": self.log.ceiling(b)}  # fmt: skip
 
     def state(self, step: int) -> dict[str, Any]:
+        if self.dense_on_server:
+            return {"dense_server": transport.call(self.servers[0], server.dense_state), "step": step}
         model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
         return {"model": model.state_dict(), "opt": self.opt.state_dict(), "step": step}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """The dense part (rank 0 restores the server's copy when it lives there) and the data position."""
+        self.start = int(state["step"])
+        if isinstance(self.log, CriteoFile):
+            self.log.seek(self.start, self.cfg.batch * self.cfg.trainers)
+        if "dense_server" in state:
+            if self.rank == 0:
+                transport.call(self.servers[0], server.load_dense_state, state["dense_server"])
+            return
         model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
         model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
-        self.start = int(state["step"])
 
     def fit(self, on_step: Any = None) -> PSResult:
         cfg, res = self.cfg, PSResult(staleness=self.staleness)
         t0 = time.perf_counter()
         for step in range(self.start, cfg.steps):
+            t = time.perf_counter()
             res.losses.append(self.step(step))
+            if self.health is not None:
+                self.health.step_done(step + 1, time.perf_counter() - t)
             every = cfg.checkpoint_every
             if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
+                self._phase("checkpoint")
                 ps_checkpoint.save(self.run_dir, step + 1, self.servers, self.state(step + 1))
             last = step + 1 == cfg.steps
             if self.rank == 0 and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last):
+                self._phase("eval")
                 res.evals.append({"step": step + 1, **self.evaluate()})
             if on_step is not None:
                 on_step(step + 1, res)

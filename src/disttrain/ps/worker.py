@@ -7,19 +7,23 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-from disttrain.health.events import log_event
+from disttrain.errors import RpcError
+from disttrain.health.events import log_event, record_exit
+from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
+from disttrain.ps import server
 from disttrain.ps.config import PSConfig
 from disttrain.ps.trainer import PSResult, PSTrainer
 from disttrain.rpc import transport
-from disttrain.utils.process import run_and_exit
+from disttrain.utils.process import exit_now, run_and_exit
 
 
 def trainers_group(rank: int, n: int) -> Any:
@@ -33,6 +37,7 @@ def trainers_group(rank: int, n: int) -> Any:
 
 def reporter(cfg: PSConfig, run_dir: Path) -> Any:
     metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed by the last step)
+    last = {"t": time.perf_counter(), "step": 0}  # when, and at which step, the last progress line was printed
 
     def on_step(step: int, res: PSResult) -> None:
         rec: dict[str, Any] = {"step": step, "loss": res.losses[-1], "staleness": res.staleness[-1]}
@@ -40,6 +45,13 @@ def reporter(cfg: PSConfig, run_dir: Path) -> Any:
             rec.update(res.evals[-1])
             print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
                   f"(ceiling {rec['ceiling_auc']:.4f}) | logloss {rec['logloss']:.4f}", flush=True)  # fmt: skip
+        elif cfg.log_every and step % cfg.log_every == 0:
+            now = time.perf_counter()
+            since = step - int(last["step"])
+            rate = since * cfg.batch * cfg.trainers / max(now - last["t"], 1e-9)
+            print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | {rate:,.0f} samples/s | "
+                  f"staleness {max(res.staleness[-since:], default=0)}", flush=True)  # fmt: skip
+            last.update(t=now, step=step)
         metrics.write(json.dumps(rec) + "\n")
         metrics.flush()  # a killed job keeps every step it logged
         if step == cfg.steps:
@@ -49,7 +61,7 @@ def reporter(cfg: PSConfig, run_dir: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    cfg = PSConfig(**json.loads(Path(argv[0]).read_text()))
+    cfg = PSConfig.from_dict(json.loads(Path(argv[0]).read_text()))
     run_dir = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own DDP set-up, on gloo
@@ -58,8 +70,18 @@ def main(argv: list[str]) -> int:
     me = f"trainer{rank}" if rank < cfg.trainers else servers[rank - cfg.trainers]
     transport.init(me, rank, world, timeout_s=cfg.rpc_timeout_s)
     if rank < cfg.trainers:
-        group = trainers_group(rank, cfg.trainers)
-        trainer = PSTrainer(cfg, rank, servers, group, run_dir)
+        train(cfg, rank, servers, run_dir)
+    transport.shutdown()
+    return 0
+
+
+def train(cfg: PSConfig, rank: int, servers: list[str], run_dir: Path) -> None:
+    """Trainer ``rank``'s part: tables (rank 0), resume, the loop under heartbeats, the summary (rank 0)."""
+    group = trainers_group(rank, cfg.trainers)
+    health = HealthMonitor(cfg.health, rank, cfg.trainers, run_dir, cfg.rpc_timeout_s)
+    health.start()
+    try:
+        trainer = PSTrainer(cfg, rank, servers, group, run_dir, health)
         resume = ps_checkpoint.latest(run_dir)
         if rank == 0:
             trainer.create_tables()
@@ -72,17 +94,40 @@ def main(argv: list[str]) -> int:
         if group is not None:
             dist.barrier()
         res = trainer.fit(reporter(cfg, run_dir) if rank == 0 else None)
-        if rank == 0:
-            summary = {"config": dataclasses.asdict(cfg), "final": res.evals[-1], "samples_per_s": res.samples_per_s,
-                       "bytes_per_step": res.bytes_per_step, "final_loss": res.losses[-1],
-                       "max_staleness": max(res.staleness, default=0)}  # fmt: skip
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            print(f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
-                  f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}", flush=True)  # fmt: skip
-        if group is not None:
-            dist.destroy_process_group()
-    transport.shutdown()
-    return 0
+    except RpcError as e:
+        health.close(finished=False)
+        server_down(cfg, rank, run_dir, e)
+    health.close()
+    if rank == 0:
+        write_summary(cfg, run_dir, res)
+    if group is not None:
+        dist.destroy_process_group()
+
+
+def write_summary(cfg: PSConfig, run_dir: Path, res: PSResult) -> None:
+    stats = transport.call("server0", server.push_stats) if cfg.mode != "bsp" else {}
+    summary = {"config": dataclasses.asdict(cfg), "final": res.evals[-1], "samples_per_s": res.samples_per_s,
+               "bytes_per_step": res.bytes_per_step, "final_loss": res.losses[-1],
+               "max_staleness": max(res.staleness, default=0), "server0_pushes": stats}  # fmt: skip
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
+          f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}", flush=True)  # fmt: skip
+
+
+def server_down(cfg: PSConfig, rank: int, run_dir: Path, e: RpcError) -> NoReturn:
+    """A call to a server failed (it died, or stopped answering within ps.rpc_timeout_s): one line naming it,
+    the events log, and the way back; then this trainer exits (torchrun ends or restarts the whole job)."""
+    who = next((s for s in (f"server{i}" for i in range(cfg.servers)) if f" on {s} " in str(e)), "a server")
+    where = f"{who} (rank {cfg.trainers + int(who[6:])})" if who != "a server" else who
+    last = ps_checkpoint.latest(run_dir)
+    back = (f"the newest server checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
+            if last is not None else "no server checkpoint yet (--checkpoint-every N)")  # fmt: skip
+    msg = f"disttrain ps: {where} is down or not answering, trainer {rank} stops: {e}; {back}"
+    log_event(run_dir, "ps_server_down", server=who, trainer=rank, error=str(e))
+    record_exit(run_dir, rank, msg)
+    print(msg, file=sys.stderr, flush=True)
+    exit_now(3)
+    raise SystemExit(3)  # not reached
 
 
 if __name__ == "__main__":
