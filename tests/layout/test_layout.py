@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "disttrain.plan": 6,  # profile / estimate / render: arithmetic over a model
     "disttrain.train": 7,
     "disttrain.ps": 7,  # the parameter server: beside the LM trainer, never importing it
+    "disttrain.rl": 7,  # actors, learner, replay: beside the LM trainer and the parameter server
     "disttrain.launch": 8,
     "disttrain.plan.measure": 9,  # starts workers and runs training steps: above launch and train
     "disttrain.plan.command": 9,

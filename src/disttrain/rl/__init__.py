@@ -1,0 +1,1 @@
+"""Distributed reinforcement learning on torch.distributed.rpc: actors, a learner, experience replay."""
