@@ -19,9 +19,10 @@ commands:
   ckpt     look into and convert checkpoints: disttrain ckpt ls|inspect|verify|export RUN_OR_FOLDER
   doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
   ps       a click-through-rate model trained against parameter servers: disttrain ps --servers 2 --trainers 2
+  rl       actors + a learner on RPC solve a gymnasium environment: disttrain rl --env-id CartPole-v1
 """
 
-COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps")
+COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps", "rl")
 
 
 def main(argv: list[str] | None = None) -> int:

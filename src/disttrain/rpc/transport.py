@@ -90,8 +90,10 @@ def wait(fut: Future, to: str, fn: Callable[..., Any]) -> Any:
         raise RpcError(f"rpc: {_describe(to, fn)} failed: {cause}") from None
 
 
-def shutdown(graceful: bool = True, timeout_s: float = 30.0) -> None:
-    """Leave the group: graceful waits for every worker's outstanding calls (a barrier over all of them)."""
+def shutdown(graceful: bool = True, timeout_s: float = 30.0, peers: list[int] | None = None) -> None:
+    """Leave the group: graceful waits for every worker's outstanding calls (a barrier over all of them);
+    not graceful leaves at once (a group that lost a worker). Rank 0 hosts the rendezvous store and leaves
+    after ``peers`` (default: every rank) have left."""
     try:
         rpc.shutdown(graceful=graceful, timeout=timeout_s)
     except Exception as e:
@@ -102,7 +104,8 @@ def shutdown(graceful: bool = True, timeout_s: float = 30.0) -> None:
     try:
         store.set(f"disttrain-rpc-left/{rank}", "1")
         if rank == 0:  # the store's host waits until every other worker is through its shutdown
-            store.wait([f"disttrain-rpc-left/{r}" for r in range(world)], datetime.timedelta(seconds=timeout_s))
+            ranks = range(world) if peers is None else peers
+            store.wait([f"disttrain-rpc-left/{r}" for r in ranks], datetime.timedelta(seconds=timeout_s))
     except Exception:  # a peer that already died: nothing left to wait for
         pass
 

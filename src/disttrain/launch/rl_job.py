@@ -1,0 +1,123 @@
+"""``disttrain rl``'s parent: the run folder, then the learner and actors as processes it watches itself.
+
+Not torchrun: its agent ends (or restarts) the whole group when any worker fails, and an RL job should
+outlive an actor. Here a dead actor is written to the events log and printed, and the learner goes on with
+the others; the learner failing ends the job with one line that says how to resume. Rank 0 (the learner)
+prints to this console; every rank's output also goes to ``<run>/logs/rank<r>.log``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from disttrain.checkpoint.commit import latest
+from disttrain.errors import ConfigError
+from disttrain.health.events import log_event
+from disttrain.rl.config import RLConfig
+from disttrain.rl.envs import env_spec
+
+
+def rl_run_dir(cfg: RLConfig) -> Path:
+    path = Path(cfg.run_root) / (cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + "-rl")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def my_ranks(cfg: RLConfig) -> tuple[range, str, int]:
+    """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
+    world, nodes = cfg.actors + 1, int(cfg.launch.nnodes.split(":")[-1])
+    if ":" in cfg.launch.nnodes or world % nodes:
+        raise ConfigError(f"disttrain rl runs {world} processes (1 learner + {cfg.actors} actors), which "
+                          f"launch.nnodes {cfg.launch.nnodes!r} must divide evenly")  # fmt: skip
+    if nodes == 1:
+        return range(world), "127.0.0.1", free_port()
+    if not cfg.launch.rdzv_endpoint or ":" not in cfg.launch.rdzv_endpoint:
+        raise ConfigError(
+            "launch.nnodes > 1 needs --launch.rdzv-endpoint HOST:PORT (node 0's address, the same everywhere)"
+        )
+    host, port = cfg.launch.rdzv_endpoint.rsplit(":", 1)
+    per = world // nodes
+    return range(cfg.launch.node_rank * per, (cfg.launch.node_rank + 1) * per), host, int(port)
+
+
+def start(rank: int, world: int, host: str, port: int, config: Path, run_dir: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=host, MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # fmt: skip
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings when an actor dies
+    log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
+    out = None if rank == 0 else log
+    cmd = [sys.executable, "-m", "disttrain.rl.worker", str(config), str(run_dir)]
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=log if rank else None)
+
+
+def launch_rl(cfg: RLConfig) -> int:
+    env_spec(cfg.env_id)  # an unknown id or an unsupported space: one line, before anything starts
+    ranks, host, port = my_ranks(cfg)
+    run_dir = rl_run_dir(cfg)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    config = run_dir / "config.json"
+    config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    if 0 in ranks:
+        print(f"disttrain rl: {cfg.algo} on {cfg.env_id}, 1 learner + {cfg.actors} actors x {cfg.envs_per_actor} "
+              f"envs, inference on the {cfg.inference}; run folder {run_dir}", flush=True)  # fmt: skip
+    procs = {r: start(r, cfg.actors + 1, host, port, config, run_dir) for r in ranks}
+    try:
+        return watch(procs, run_dir)
+    except KeyboardInterrupt:
+        for p in procs.values():
+            p.send_signal(signal.SIGINT)
+        return 130
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+
+
+def watch(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
+    """Until the learner (or, on other nodes, every actor) ends: report dead actors, end with the learner."""
+    reported: set[int] = set()
+    while True:
+        time.sleep(0.2)
+        for r, p in procs.items():
+            code = p.poll()
+            if r and code not in (None, 0) and r not in reported:
+                reported.add(r)
+                log_event(run_dir, "actor_died", actor=r - 1, rank=r, exit_code=code)
+                log = run_dir / "logs" / f"rank{r}.log"
+                print(f"disttrain rl: actor {r - 1} (rank {r}) exited with code {code}; the learner goes on with "
+                      f"the others (log: {log})", file=sys.stderr, flush=True)  # fmt: skip
+        if 0 in procs and procs[0].poll() is not None:
+            return learner_ended(procs, run_dir)
+        if 0 not in procs and all(p.poll() is not None for p in procs.values()):
+            return 0 if not reported else 1
+
+
+def learner_ended(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
+    code = procs[0].returncode
+    deadline = time.monotonic() + (15 if code == 0 else 0)
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+        time.sleep(0.1)
+    if code == 0:
+        return 0
+    log_event(run_dir, "learner_died", exit_code=code)
+    last = latest(run_dir)
+    back = (f"the newest learner checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
+            if last is not None else "no learner checkpoint (--checkpoint-every N)")  # fmt: skip
+    print(f"disttrain rl: the learner (rank 0) exited with code {code}, so the job ends; {back} "
+          f"(log: {run_dir / 'logs' / 'rank0.log'})", file=sys.stderr, flush=True)  # fmt: skip
+    return 1

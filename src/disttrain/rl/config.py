@@ -1,0 +1,117 @@
+"""``disttrain rl``'s job: the environment, the algorithm, actors and learner, replay, when it is solved."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from disttrain.config import LaunchConfig
+from disttrain.config.values import check
+
+
+@dataclasses.dataclass
+class RLConfig:
+    """Actors play a gymnasium environment and send experience to one learner over RPC."""
+
+    env_id: str = "CartPole-v1"
+    """Any gymnasium environment with a discrete action space and a vector observation."""
+    algo: Literal["dqn", "reinforce"] = "dqn"
+    """dqn: double DQN with a target network, n-step returns and replay (Ape-X: priorities computed by the
+    actors, a ladder of exploration rates); reinforce: the PyTorch RPC tutorial's policy gradient, whole
+    episodes from the actors, no replay."""
+    actors: int = 3
+    """Actor processes (the learner is one more)."""
+    envs_per_actor: int = 4
+    """Environments each actor steps together (gymnasium's vector API)."""
+    chunk: int = 50
+    """Environment steps (per environment) an actor collects before one RPC to the learner."""
+    inference: Literal["actor", "learner"] = "actor"
+    """actor: each actor acts with its own copy of the network, pulled every sync_every learner updates;
+    learner: actors send observations and the learner answers for all actors in one batched forward (SEED RL)."""
+    sync_every: int = 20
+    """inference actor: pull the learner's weights when the actor's copy is this many updates old."""
+    hidden: int = 128
+    """Width of the network's two hidden layers."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount."""
+    n_step: int = 3
+    """dqn: n-step returns, folded by the actors."""
+    batch: int = 128
+    """dqn: transitions per learner update."""
+    replay_ratio: float = 8.0
+    """dqn: transitions trained on per environment step (actors wait when they run further ahead)."""
+    learning_starts: int = 1000
+    """dqn: environment steps in the replay before the first update."""
+    replay_capacity: int = 100_000
+    """dqn: transitions the replay holds (the oldest go first)."""
+    prioritized: bool = False
+    """dqn: prioritized replay (priorities |TD error| from the actors, then the learner)."""
+    alpha: float = 0.6
+    """Prioritized replay: priority exponent."""
+    beta: float = 0.4
+    """Prioritized replay: importance-sampling exponent (annealed to 1 over the run)."""
+    target_every: int = 250
+    """dqn: copy the online network into the target network every this many updates."""
+    eps_base: float = 0.4
+    """dqn: actor i explores with eps_base ** (1 + eps_alpha * i / (actors - 1)) (the Ape-X ladder)."""
+    eps_alpha: float = 7.0
+    """dqn: the ladder's spread."""
+    eval_eps: float = 0.02
+    """Episodes of actors exploring at most this much count towards 'solved' (all actors under reinforce)."""
+    solve_return: float = 475.0
+    """Stop when the mean return of the last solve_window counted episodes reaches this (0: never)."""
+    solve_window: int = 100
+    """Episodes in the solved mean."""
+    max_env_steps: int = 300_000
+    """Stop after this many environment steps in all (solved or not)."""
+    episodes_per_update: int = 8
+    """reinforce: episodes per policy-gradient update."""
+    max_lag: int = 2
+    """reinforce: episodes played with a policy more than this many updates old are dropped."""
+    checkpoint_every: int = 0
+    """Save the learner (network, optimizer, replay, counters) every this many updates (0: never); a
+    restarted job resumes from the newest complete one."""
+    log_every_s: float = 5.0
+    """Seconds between progress lines (and metrics.jsonl records)."""
+    rpc_timeout_s: float = 60.0
+    """A remote call that takes longer fails with a message naming the worker."""
+    seed: int = 0
+    """Environments, exploration and initialisation."""
+    run_root: str = "runs"
+    """Where run folders are made."""
+    run_name: str | None = None
+    """The run folder's name (default: <time>-rl)."""
+    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
+    """Nodes: ``--launch.nnodes 2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` (rank 0, the
+    learner, on node 0; actors spread over the nodes)."""
+
+    def __post_init__(self) -> None:
+        for name in ("actors", "envs_per_actor", "chunk", "sync_every", "hidden", "n_step", "batch", "solve_window",
+                     "max_env_steps", "episodes_per_update", "target_every", "replay_capacity"):  # fmt: skip
+            check(getattr(self, name) >= 1, f"rl.{name} must be >= 1, got {getattr(self, name)}")
+        check(
+            self.lr > 0 and 0 < self.gamma <= 1,
+            f"rl.lr must be > 0 and rl.gamma in (0, 1], got {self.lr}, {self.gamma}",
+        )
+        check(self.replay_ratio > 0, f"rl.replay_ratio must be > 0, got {self.replay_ratio}")
+        check(self.learning_starts >= self.batch,
+              f"rl.learning_starts ({self.learning_starts}) must be >= rl.batch ({self.batch})")  # fmt: skip
+        check(0 < self.eps_base < 1 and self.eps_alpha >= 0, f"rl.eps_base must be in (0, 1), got {self.eps_base}")
+        check(self.max_lag >= 0 and self.checkpoint_every >= 0, "rl.max_lag and rl.checkpoint_every must be >= 0")
+        check(self.log_every_s > 0 and self.rpc_timeout_s > 0, "rl.log_every_s and rl.rpc_timeout_s must be > 0")
+        check(self.algo == "dqn" or self.checkpoint_every == 0,
+              "rl.checkpoint_every: learner checkpoints are for dqn (reinforce keeps no replay)")  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RLConfig:
+        """What ``dataclasses.asdict`` wrote (the run folder's config.json) back into a config."""
+        return cls(**d | {"launch": LaunchConfig(**d["launch"])})
+
+    def epsilon(self, actor: int) -> float:
+        """dqn: actor ``actor``'s exploration rate on the Ape-X ladder (reinforce samples its policy: 0)."""
+        if self.algo != "dqn":
+            return 0.0
+        spread = actor / (self.actors - 1) if self.actors > 1 else 1.0
+        return self.eps_base ** (1 + self.eps_alpha * spread)

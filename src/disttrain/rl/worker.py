@@ -1,0 +1,122 @@
+"""``python -m disttrain.rl.worker CONFIG.json RUN_DIR`` (started by ``disttrain rl``): rank 0 is the
+learner, ranks 1.. the actors. The learner writes ``metrics.jsonl``, ``summary.json`` and the progress lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from disttrain.health.events import log_event
+from disttrain.rl import learner as learner_mod
+from disttrain.rl import state
+from disttrain.rl.actor import Actor
+from disttrain.rl.config import RLConfig
+from disttrain.rl.envs import env_spec
+from disttrain.rl.learner import Learner, mean
+from disttrain.rpc import transport
+from disttrain.utils.faults import fault_matches
+from disttrain.utils.process import run_and_exit
+
+
+def record(lr: Learner, t0: float, steps0: int) -> dict[str, Any]:
+    c = lr.c
+    return {
+        "time_s": round(time.perf_counter() - t0, 2),
+        "env_steps": c.env_steps,
+        "episodes": c.episodes,
+        "updates": c.updates,
+        "return": mean(c.returns),
+        "return_all": mean(c.all_returns),
+        "episode_length": mean(c.lengths),
+        "loss": mean(lr.losses),
+        "env_steps_per_s": (c.env_steps - steps0) / max(time.perf_counter() - t0, 1e-9),
+        "replay_size": len(lr.replay),
+        "actor_lag": mean(c.lags),
+    }
+
+
+def progress(rec: dict[str, Any]) -> str:
+    return (f"env steps {rec['env_steps']:>8,} | episodes {rec['episodes']:>5} | return {rec['return']:6.1f} "
+            f"(all actors {rec['return_all']:6.1f}) | updates {rec['updates']:>6,} | loss {rec['loss']:.4f} | "
+            f"{rec['env_steps_per_s']:,.0f} steps/s | replay {rec['replay_size']:,} | "
+            f"lag {rec['actor_lag']:.1f}")  # fmt: skip
+
+
+def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
+    """The learner's loop: train when the replay ratio allows, take in experience, answer actors, log,
+    checkpoint; until solved or out of environment steps."""
+    lr = Learner(cfg, env_spec(cfg.env_id))
+    resumed = state.resume(run_dir, lr)
+    if resumed is not None:
+        log_event(run_dir, "rl_resume", updates=lr.c.updates, env_steps=lr.c.env_steps, path=str(resumed))
+        print(f"resumed from {resumed} ({lr.c.updates} updates, {lr.c.env_steps:,} env steps)", flush=True)
+    learner_mod.serve(lr)
+    metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed below)
+    t0, steps0, last_log = time.perf_counter(), lr.c.env_steps, time.perf_counter()
+    while not (lr.solved() or lr.c.env_steps >= cfg.max_env_steps):
+        trained = lr.train_once()
+        lr.drain(0.0 if trained else 0.02)
+        lr.release()
+        if trained and cfg.checkpoint_every and lr.c.updates % cfg.checkpoint_every == 0:
+            state.save(run_dir, lr)
+        if trained and fault_matches("rl_learner_kill", lr.c.updates, 0):
+            os.kill(os.getpid(), 9)  # tests: the learner dies after update k
+        if time.perf_counter() - last_log >= cfg.log_every_s:
+            last_log = time.perf_counter()
+            rec = record(lr, t0, steps0)
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+            print(progress(rec), flush=True)
+    lr.finish()
+    final = record(lr, t0, steps0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
+    metrics.write(json.dumps(final) + "\n")
+    metrics.close()
+    wait_for_actors(lr, cfg)
+    return final
+
+
+def wait_for_actors(lr: Learner, cfg: RLConfig, quiet_s: float = 10.0) -> None:
+    """Until every actor has been told to stop, or has been silent for ``quiet_s`` (it died)."""
+    deadline = time.monotonic() + cfg.rpc_timeout_s
+    while time.monotonic() < deadline:
+        lr.drain(0.05)
+        lr.release()
+        if lr.all_told(cfg.actors, quiet_s):
+            return
+
+
+def main(argv: list[str]) -> int:
+    cfg = RLConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+    run_dir = Path(argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own RPC set-up, on gloo
+    name = "learner" if rank == 0 else f"actor{rank - 1}"
+    transport.init(name, rank, world, timeout_s=cfg.rpc_timeout_s)
+    if rank == 0:
+        final = learn(cfg, run_dir)
+        summary = {"config": dataclasses.asdict(cfg), **final}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        verdict = "solved" if final["solved"] else "not solved"
+        print(f"done ({verdict}): {final['wall_s']:.1f} s, {final['env_steps']:,} env steps, {final['episodes']} "
+              f"episodes, {final['env_steps_per_s']:,.0f} env steps/s, return {final['return']:.1f} over the last "
+              f"{len(learner_mod._get().c.returns)} counted episodes | run folder: {run_dir}", flush=True)  # fmt: skip
+        transport.shutdown(graceful=False, peers=[0, *learner_mod._get().told])
+    else:
+        res = Actor(cfg, rank - 1, env_spec(cfg.env_id)).run()
+        (run_dir / "logs").mkdir(exist_ok=True)
+        (run_dir / "logs" / f"actor{rank - 1}.json").write_text(json.dumps(res) + "\n")
+        transport.shutdown(graceful=False, peers=[0])
+    return 0
+
+
+if __name__ == "__main__":
+    run_and_exit(lambda: main(sys.argv[1:]))
