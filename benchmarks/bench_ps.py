@@ -1,5 +1,6 @@
-"""``disttrain ps`` throughput and traffic: samples/s for BSP / SSP / ASP at 2 trainers x 2 servers, for 1-2
-trainers x 1-2 servers under BSP, and the bytes a trainer moves per step (sparse pulls and pushes of the
+"""``disttrain ps`` throughput and traffic: samples/s for BSP / SSP / ASP at 2 trainers x 2 servers, for 1, 2, 4
+trainers x 1, 2 servers under BSP, for 4 trainers under ASP with pushes combined server-side or applied one
+by one (``--no-combine-pushes``), and the bytes a trainer moves per step (sparse pulls and pushes of the
 distinct rows a batch needs) against shipping its whole tables both ways (goal <= 1% at 1M rows).
 
 Each configuration is a fresh `disttrain ps` job (trainers and servers share this machine's cores, so more
@@ -32,6 +33,12 @@ def run_ps(tmp: Path, name: str, args: list[str]) -> dict[str, Any]:
     return json.loads((tmp / name / "summary.json").read_text())
 
 
+def _per_update(summary: dict[str, Any]) -> str:
+    """ssp / asp: how many pushes server 0 applied per update (above 1: combined)."""
+    stats = summary.get("server0_pushes") or {}
+    return f"{stats['pushes'] / stats['updates']:.2f}" if stats.get("updates") else ""
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60)
@@ -41,13 +48,18 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="disttrain-ps-") as tmp:
         for mode in ("bsp", "ssp", "asp"):
             runs[f"2x2 {mode}"] = run_ps(Path(tmp), mode, [*common, "--mode", mode])
-        for t, s in ((1, 1), (1, 2), (2, 1)):
+        for t, s in ((1, 1), (1, 2), (2, 1), (4, 1), (4, 2)):
             runs[f"{t}x{s} bsp"] = run_ps(Path(tmp), f"t{t}s{s}", [*common, "--trainers", str(t), "--servers", str(s)])
+        four = [*common, "--trainers", "4", "--servers", "2", "--mode", "asp"]
+        runs["4x2 asp combined"] = run_ps(Path(tmp), "asp4c", four)
+        runs["4x2 asp one by one"] = run_ps(Path(tmp), "asp4", [*four, "--no-combine-pushes"])
         big = ["--tables", "1000000", "--dim", "16", "--batch", "256"]
         runs["1M rows"] = run_ps(Path(tmp), "big", [*common, *big])
-    rows = [[k, r["samples_per_s"], r["final"]["auc"], r["bytes_per_step"] / 2**10] for k, r in runs.items()]
+    rows = [[k, r["samples_per_s"], r["final"]["auc"], r["bytes_per_step"] / 2**10, _per_update(r)]
+            for k, r in runs.items()]  # fmt: skip
     title = f"disttrain ps, {args.steps} steps of 256 samples per trainer (default tables unless said)"
-    C.table(["job (trainers x servers, mode)", "samples/s", "AUC", "KiB moved / step / trainer"], rows, title=title)
+    head = ["job (trainers x servers, mode)", "samples/s", "AUC", "KiB moved / step / trainer", "pushes / update"]
+    C.table(head, rows, title=title)
     big_cfg = runs["1M rows"]["config"]
     dense = 2 * sum(big_cfg["tables"]) * big_cfg["dim"] * 4  # pull the whole table, push a whole gradient
     ratio = runs["1M rows"]["bytes_per_step"] / dense

@@ -121,3 +121,15 @@ def test_a_resumed_criteo_stream_goes_on_where_an_uninterrupted_one_would(tmp_pa
         assert torch.equal(got.ids, want.ids) and torch.equal(got.label, want.label)
     fresh = CriteoFile(path, [100], held_out=10).batch(16, gen)
     assert torch.equal(fresh.ids, expected[0].ids) == (resume_at % 3 == 0)  # a whole pass later: the start again
+
+
+def test_every_disttrain_ps_command_in_the_readme_parses() -> None:
+    from disttrain.config.overrides import parse_dataclass
+    from disttrain.ps.config import PSConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = [line.split("#")[0].split()[2:] for line in readme.splitlines() if line.startswith("disttrain ps")]
+    assert len(commands) >= 5
+    for argv in commands:
+        cfg = parse_dataclass(PSConfig, argv, prog="disttrain ps")
+        assert cfg.servers >= 1, argv

@@ -16,6 +16,7 @@ from disttrain.rl.envs import EnvSpec, make_vec
 from disttrain.rl.nets import choose, make_net
 from disttrain.rl.nstep import NStepFolder
 from disttrain.rpc import transport
+from disttrain.utils.faults import fault_point
 
 
 class Actor:
@@ -86,8 +87,11 @@ class Actor:
         if self.cfg.inference == "actor":
             self.sync()
         obs, _ = self.env.reset(seed=self.seed)
+        chunks = 0
         while True:
             obs = self.play(obs)
+            chunks += 1
+            fault_point("rl_actor_kill", chunks, self.index + 1)  # tests: this actor dies after chunk k
             version, stop = transport.call(self.to, learner.add_experience, self.chunk_item())
             if stop:
                 break

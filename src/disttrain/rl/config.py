@@ -32,8 +32,8 @@ class RLConfig:
     """inference actor: pull the learner's weights when the actor's copy is this many updates old."""
     hidden: int = 128
     """Width of the network's two hidden layers."""
-    lr: float = 1e-3
-    """Adam learning rate."""
+    lr: float | None = None
+    """Adam learning rate (default: 1e-3 for dqn, 1e-2 for reinforce)."""
     gamma: float = 0.99
     """Discount."""
     n_step: int = 3
@@ -91,10 +91,8 @@ class RLConfig:
         for name in ("actors", "envs_per_actor", "chunk", "sync_every", "hidden", "n_step", "batch", "solve_window",
                      "max_env_steps", "episodes_per_update", "target_every", "replay_capacity"):  # fmt: skip
             check(getattr(self, name) >= 1, f"rl.{name} must be >= 1, got {getattr(self, name)}")
-        check(
-            self.lr > 0 and 0 < self.gamma <= 1,
-            f"rl.lr must be > 0 and rl.gamma in (0, 1], got {self.lr}, {self.gamma}",
-        )
+        check(self.learning_rate > 0, f"rl.lr must be > 0, got {self.lr}")
+        check(0 < self.gamma <= 1, f"rl.gamma must be in (0, 1], got {self.gamma}")
         check(self.replay_ratio > 0, f"rl.replay_ratio must be > 0, got {self.replay_ratio}")
         check(self.learning_starts >= self.batch,
               f"rl.learning_starts ({self.learning_starts}) must be >= rl.batch ({self.batch})")  # fmt: skip
@@ -108,6 +106,10 @@ class RLConfig:
     def from_dict(cls, d: dict[str, Any]) -> RLConfig:
         """What ``dataclasses.asdict`` wrote (the run folder's config.json) back into a config."""
         return cls(**d | {"launch": LaunchConfig(**d["launch"])})
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (1e-3 if self.algo == "dqn" else 1e-2)
 
     def epsilon(self, actor: int) -> float:
         """dqn: actor ``actor``'s exploration rate on the Ape-X ladder (reinforce samples its policy: 0)."""

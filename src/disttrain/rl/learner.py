@@ -49,7 +49,7 @@ class Learner:
         self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, cfg.seed)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.acting = copy.deepcopy(self.net).requires_grad_(False)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate)
         self.replay = ReplayBuffer(cfg.replay_capacity, spec.obs_dim, prioritized=cfg.prioritized,
                                    alpha=cfg.alpha, seed=cfg.seed)  # fmt: skip
         self.c = Counters(returns=deque(maxlen=cfg.solve_window))

@@ -92,20 +92,28 @@ def wait(fut: Future, to: str, fn: Callable[..., Any]) -> Any:
 
 def shutdown(graceful: bool = True, timeout_s: float = 30.0, peers: list[int] | None = None) -> None:
     """Leave the group: graceful waits for every worker's outstanding calls (a barrier over all of them);
-    not graceful leaves at once (a group that lost a worker). Rank 0 hosts the rendezvous store and leaves
-    after ``peers`` (default: every rank) have left."""
+    not graceful leaves without that barrier (a group that lost a worker). Rank 0 hosts the rendezvous
+    store and leaves after ``peers`` (default: every rank) have left; not graceful, it waits for them before
+    stopping its own agent, so that its last answers still reach them."""
+    store, rank, world = _GROUP.pop("store", None), _GROUP.pop("rank", 0), _GROUP.pop("world", 1)
+    if not graceful and rank == 0:
+        _wait_left(store, rank, range(world) if peers is None else peers, timeout_s)
     try:
         rpc.shutdown(graceful=graceful, timeout=timeout_s)
     except Exception as e:
         raise RpcError(f"rpc: shutdown did not complete within {timeout_s:.0f}s: {_first(e)}") from None
-    store, rank, world = _GROUP.pop("store", None), _GROUP.pop("rank", 0), _GROUP.pop("world", 1)
+    if graceful or rank != 0:
+        _wait_left(store, rank, range(world) if peers is None else peers, timeout_s)
+
+
+def _wait_left(store: Any, rank: int, peers: Any, timeout_s: float) -> None:
+    """Say this rank has left; rank 0 (the store's host) waits until ``peers`` have too."""
     if store is None:
         return
     try:
         store.set(f"disttrain-rpc-left/{rank}", "1")
-        if rank == 0:  # the store's host waits until every other worker is through its shutdown
-            ranks = range(world) if peers is None else peers
-            store.wait([f"disttrain-rpc-left/{r}" for r in ranks], datetime.timedelta(seconds=timeout_s))
+        if rank == 0:
+            store.wait([f"disttrain-rpc-left/{r}" for r in peers if r != 0], datetime.timedelta(seconds=timeout_s))
     except Exception:  # a peer that already died: nothing left to wait for
         pass
 

@@ -1,0 +1,78 @@
+"""`disttrain rl` as a user runs it: a short seeded run learns (while one actor is killed), REINFORCE with
+the learner's batched inference learns, a dead learner ends the job with one line and resumes, and
+mistakes are one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import disttrain
+
+RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
+
+
+def rl_job(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None, ok: bool = True) -> Any:
+    proc = disttrain("rl", "--run-root", str(tmp), "--run-name", name, "--log-every-s", "2", *args, timeout=240,
+                     env=env)  # fmt: skip
+    if ok:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_short_dqn_run_learns_and_goes_on_when_an_actor_is_killed(tmp_path: Path) -> None:
+    kill = {"DISTTRAIN_FAULT": "rl_actor_kill:20:1"}  # actor 0 (rank 1) dies after its 20th chunk
+    proc = rl_job(tmp_path, "dqn", "--actors", "2", "--max-env-steps", "25000", "--seed", "0", env=kill)
+    summary = json.loads((tmp_path / "dqn" / "summary.json").read_text())
+    assert summary["return"] > 3 * RANDOM_RETURN, summary  # the near-greedy actor's episodes
+    assert summary["env_steps"] >= 25000 and summary["updates"] > 0 and not summary["solved"]
+    assert "actor 0 (rank 1) exited with code -9; the learner goes on" in proc.stderr, proc.stderr[-2000:]
+    died = [e for e in events(tmp_path / "dqn") if e["event"] == "actor_died"]
+    assert [(e["actor"], e["exit_code"]) for e in died] == [(0, -9)], died
+    records = [json.loads(x) for x in (tmp_path / "dqn" / "metrics.jsonl").read_text().splitlines()]
+    for key in ("return", "episode_length", "loss", "env_steps_per_s", "replay_size", "actor_lag"):
+        assert key in records[-1], key
+    assert "env steps" in proc.stdout and "done (not solved)" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) -> None:
+    rl_job(tmp_path, "pg", "--algo", "reinforce", "--inference", "learner", "--actors", "2", "--max-env-steps", "20000")
+    summary = json.loads((tmp_path / "pg" / "summary.json").read_text())
+    assert summary["return"] > 2 * RANDOM_RETURN and summary["updates"] >= 10, summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path: Path) -> None:
+    args = ["--actors", "2", "--max-env-steps", "8000", "--checkpoint-every", "100", "--learning-starts", "500"]
+    kill = {"DISTTRAIN_FAULT": "rl_learner_kill:250:0"}
+    proc = rl_job(tmp_path, "lrn", *args, env=kill, ok=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = "disttrain rl: the learner (rank 0) exited with code -9, so the job ends; the newest learner checkpoint "
+    assert line + "is step-00000200: run again with --run-name lrn to resume" in proc.stderr, proc.stderr[-3000:]
+    proc = rl_job(tmp_path, "lrn", *args)
+    assert "resumed from" in proc.stdout and "(200 updates," in proc.stdout, proc.stdout[-2000:]
+    resumed = [e for e in events(tmp_path / "lrn") if e["event"] == "rl_resume"]
+    assert [e["updates"] for e in resumed] == [200], resumed
+    assert json.loads((tmp_path / "lrn" / "summary.json").read_text())["updates"] > 200
+
+
+def test_bad_rl_options_are_one_line(tmp_path: Path) -> None:
+    for args, message in [
+        (["--env-id", "Nope-v0"], "rl.env_id 'Nope-v0': Environment `Nope` doesn't exist"),
+        (["--env-id", "Pendulum-v1"], "needs a discrete action space"),
+        (["--actors", "0"], "rl.actors must be >= 1, got 0"),
+    ]:
+        proc = disttrain("rl", *args, "--run-root", str(tmp_path), timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
