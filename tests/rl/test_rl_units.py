@@ -114,3 +114,14 @@ def test_an_unusable_environment_is_one_clear_error(env_id: str, message: str) -
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         env_spec(env_id)
     assert env_spec("CartPole-v1") == EnvSpec(4, 2)
+
+
+def test_every_disttrain_rl_command_in_the_readme_parses() -> None:
+    from disttrain.config.overrides import parse_dataclass
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = [line.split("#")[0].split()[2:] for line in readme.splitlines() if line.startswith("disttrain rl")]
+    assert len(commands) >= 5
+    for argv in commands:
+        cfg = parse_dataclass(RLConfig, argv, prog="disttrain rl")
+        env_spec(cfg.env_id)
