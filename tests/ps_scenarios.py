@@ -53,7 +53,7 @@ def combined(servers: list[str]) -> dict[str, Any]:
     pushes = [(torch.randint(0, rows, (50_000,), generator=gen), torch.randn(50_000, dim, generator=gen))
               for _ in range(n)]  # fmt: skip
     before = transport.call(servers[0], server.push_stats)
-    futs = [transport.call_async(servers[0], server.push_many, ["big"], [r], [g]) for r, g in pushes]
+    futs = [transport.call_async(servers[0], server.push_many, ["big"], r, g, [len(r)]) for r, g in pushes]
     held = [transport.wait(f, servers[0], server.push_many) for f in futs]
     for r, g in pushes:
         dense.push(r, g)

@@ -53,35 +53,47 @@ class TableGroup:
         self.servers = tables[0].servers
         self.names = [t.name for t in tables]
         self.bytes_moved = 0
+        self._last: tuple[torch.Tensor, list[Split]] | None = None
 
     def _split(self, ids: torch.Tensor) -> list[Split]:
-        """Per table: (distinct ids, where each id of the column is among them, per-server parts)."""
+        """Per table: (distinct ids, where each id of the column is among them, per-server parts); the
+        split of the last pull is kept for the push of the same ids."""
+        if self._last is not None and self._last[0] is ids:
+            return self._last[1]
         out = []
         for i, t in enumerate(self.tables):
             uniq, inverse = torch.unique(ids[:, i], return_inverse=True)
             out.append((uniq, inverse, t.sharding.split(uniq)))
+        self._last = (ids, out)
         return out
 
     def pull(self, ids: torch.Tensor) -> torch.Tensor:
         """(batch, tables) ids -> (batch, tables, dim) rows."""
         split = self._split(ids)
-        futs = [
-            transport.call_async(s, server.pull_many, self.names, [parts[k][1] for _, _, parts in split])
-            for k, s in enumerate(self.servers)
-        ]
+        futs = []
+        for k, s in enumerate(self.servers):
+            local = [parts[k][1] for _, _, parts in split]
+            futs.append(
+                transport.call_async(s, server.pull_many, self.names, torch.cat(local), [len(r) for r in local])
+            )
         rows = [torch.empty(len(uniq), t.dim) for (uniq, _, _), t in zip(split, self.tables, strict=True)]
         for k, (s, f) in enumerate(zip(self.servers, futs, strict=True)):
-            for i, got in enumerate(transport.wait(f, s, server.pull_many)):
-                rows[i][split[i][2][k][0]] = got
+            got = transport.wait(f, s, server.pull_many).split([len(parts[k][1]) for _, _, parts in split])
+            for i, g in enumerate(got):
+                rows[i][split[i][2][k][0]] = g
         self.bytes_moved += sum(u.numel() * 8 + r.numel() * 4 for (u, _, _), r in zip(split, rows, strict=True))
         return torch.stack([r[inv] for r, (_, inv, _) in zip(rows, split, strict=True)], dim=1)
 
     def push(
-        self, ids: torch.Tensor, grads: torch.Tensor, together: tuple[int, int, int] | None = None, combine: bool = True
-    ) -> None:
+        self,
+        ids: torch.Tensor,
+        grads: torch.Tensor,
+        together: tuple[int, int, int, float] | None = None,
+        combine: bool = True,
+    ) -> Any:
         """(batch, tables, dim) gradients of the rows :meth:`pull` gave, summed per distinct id of each table;
-        ``together``: (clock, trainer, trainers) of a BSP step, else applied as it arrives (``combine``: with
-        the other pushes that arrive meanwhile)."""
+        ``together``: (clock, trainer, trainers, loss) of a BSP step, else applied as it arrives (``combine``:
+        with the other pushes that arrive meanwhile). Server 0's answer (BSP: the step's mean loss)."""
         split = self._split(ids)
         summed = [
             torch.zeros(len(uniq), t.dim).index_add_(0, inv, grads[:, i])
@@ -91,8 +103,10 @@ class TableGroup:
         futs = []
         for k, s in enumerate(self.servers):
             local = [parts[k][1] for _, _, parts in split]
-            part_grads = [g[parts[k][0]] for g, (_, _, parts) in zip(summed, split, strict=True)]
-            futs.append(transport.call_async(s, fn, self.names, local, part_grads, *(together or (combine,))))
-        for s, f in zip(self.servers, futs, strict=True):
-            transport.wait(f, s, fn)
+            part_grads = torch.cat([g[parts[k][0]] for g, (_, _, parts) in zip(summed, split, strict=True)])
+            counts = [len(r) for r in local]
+            extra = together or (combine,)
+            futs.append(transport.call_async(s, fn, self.names, torch.cat(local), part_grads, counts, *extra))
+        answers = [transport.wait(f, s, fn) for s, f in zip(self.servers, futs, strict=True)]
         self.bytes_moved += sum(u.numel() * 8 + g.numel() * 4 for (u, _, _), g in zip(split, summed, strict=True))
+        return answers[0]

@@ -179,8 +179,10 @@ def load_shards(path: str) -> int:
 
 
 # -- every table in one call per server ---------------------------------------------------------------------
-def pull_many(names: list[str], rows: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [_table(n).pull(r) for n, r in zip(names, rows, strict=True)]
+def pull_many(names: list[str], rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The rows of every table at once: ``rows`` holds ``counts[i]`` local rows of table ``names[i]`` after
+    each other (one tensor each way: a message's cost grows with its number of tensors)."""
+    return torch.cat([_table(n).pull(r) for n, r in zip(names, rows.split(counts), strict=True)])
 
 
 _QUEUE: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor], Future[int]]] = []
@@ -191,7 +193,7 @@ _STATS = {"pushes": 0, "updates": 0}
 
 @transport.async_execution
 def push_many(
-    names: list[str], rows: list[torch.Tensor], grads: list[torch.Tensor], combine: bool = True
+    names: list[str], rows: torch.Tensor, grads: torch.Tensor, counts: list[int], combine: bool = True
 ) -> Future[int]:
     """ASP / SSP: one sparse update per table, applied as it arrives. One caller at a time applies; pushes
     that arrive meanwhile queue, and (``combine``) the next update applies all of them together (group
@@ -199,7 +201,7 @@ def push_many(
     many pushes its update held."""
     fut: Future[int] = Future()
     with _QLOCK:
-        _QUEUE.append((names, rows, grads, fut))
+        _QUEUE.append((names, list(rows.split(counts)), list(grads.split(counts)), fut))
         if _APPLYING[0]:
             return fut  # the caller that is applying will pick it up
         _APPLYING[0] = True
@@ -237,8 +239,31 @@ def push_stats() -> dict[str, int]:
 
 @transport.async_execution
 def push_many_together(
-    names: list[str], rows: list[torch.Tensor], grads: list[torch.Tensor], clock: int, trainer: int, n: int
-) -> Future[int]:
-    """BSP for every table at once: :func:`push_together`, one call per server and step instead of one per table."""
-    futs = [push_together(name, r, g, clock, trainer, n) for name, r, g in zip(names, rows, grads, strict=True)]
-    return torch.futures.collect_all(futs).then(lambda done: min(f.wait() for f in done.wait()))
+    names: list[str],
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    counts: list[int],
+    clock: int,
+    trainer: int,
+    n: int,
+    loss: float = 0.0,
+) -> Future[float]:
+    """BSP for every table at once: :func:`push_together`, one call per server and step instead of one per
+    table. Each trainer sends its loss along; the answer is the step's mean loss over the ``n`` trainers (no
+    collective of its own for it)."""
+    with _LOCK:
+        _LOSSES.setdefault(clock, []).append((trainer, loss))
+    parts = zip(names, rows.split(counts), grads.split(counts), strict=True)
+    futs = [push_together(name, r, g, clock, trainer, n) for name, r, g in parts]
+
+    def mean_loss(_: Any) -> float:
+        with _LOCK:
+            losses = sorted(_LOSSES.get(clock, []))
+            for old in [c for c in _LOSSES if c < clock - 1]:
+                del _LOSSES[old]
+        return sum(x for _, x in losses) / n
+
+    return torch.futures.collect_all(futs).then(mean_loss)
+
+
+_LOSSES: dict[int, list[tuple[int, float]]] = {}

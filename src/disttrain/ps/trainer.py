@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -123,15 +122,16 @@ class PSTrainer:
         loss.backward()
         assert embs.grad is not None
         self._phase("optimizer")  # pushes included
-        together = (step, self.rank, cfg.trainers) if cfg.mode == "bsp" else None
-        self.group_tables.push(b.ids, embs.grad / cfg.trainers, together, cfg.combine_pushes)
+        own = float(loss.detach())
+        together = (step, self.rank, cfg.trainers, own) if cfg.mode == "bsp" else None
+        mean_loss = self.group_tables.push(b.ids, embs.grad / cfg.trainers, together, cfg.combine_pushes)
         if self.dense_on_server:
             self._push_dense(step)
         else:
             self.opt.step()
         if cfg.mode != "bsp" and cfg.trainers > 1:
             transport.call(self.servers[0], server.tick, self.rank, step + 1, cfg.trainers)
-        return self._mean(float(loss.detach())) if cfg.mode == "bsp" else float(loss.detach())
+        return float(mean_loss) if cfg.mode == "bsp" else own
 
     def _push_dense(self, step: int) -> None:
         params = list(self.model.parameters())
@@ -140,13 +140,6 @@ class PSTrainer:
             transport.call(self.servers[0], server.push_dense_together, grad, step, self.rank, self.cfg.trainers)
         else:
             transport.call(self.servers[0], server.push_dense, grad)
-
-    def _mean(self, x: float) -> float:
-        if self.group is None:
-            return x
-        t = torch.tensor([x], dtype=torch.float64)
-        dist.all_reduce(t)
-        return float(t) / self.cfg.trainers
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
