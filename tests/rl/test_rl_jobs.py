@@ -29,16 +29,20 @@ def events(run: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_short_dqn_run_learns_and_goes_on_when_an_actor_is_killed(tmp_path: Path) -> None:
+def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path: Path) -> None:
     kill = {"DISTTRAIN_FAULT": "rl_actor_kill:20:1"}  # actor 0 (rank 1) dies after its 20th chunk
-    proc = rl_job(tmp_path, "dqn", "--actors", "2", "--max-env-steps", "25000", "--seed", "0", env=kill)
-    summary = json.loads((tmp_path / "dqn" / "summary.json").read_text())
+    args = ["--actors", "2", "--spare-actors", "1", "--max-env-steps", "25000", "--seed", "0"]
+    proc = rl_job(tmp_path, "dqn", *args, env=kill)
+    run = tmp_path / "dqn"
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["return"] > 3 * RANDOM_RETURN, summary  # the near-greedy actor's episodes
     assert summary["env_steps"] >= 25000 and summary["updates"] > 0 and not summary["solved"]
-    assert "actor 0 (rank 1) exited with code -9; the learner goes on" in proc.stderr, proc.stderr[-2000:]
-    died = [e for e in events(tmp_path / "dqn") if e["event"] == "actor_died"]
-    assert [(e["actor"], e["exit_code"]) for e in died] == [(0, -9)], died
-    records = [json.loads(x) for x in (tmp_path / "dqn" / "metrics.jsonl").read_text().splitlines()]
+    assert "actor 0 (rank 1) exited with code -9; spare rank 3 takes its place" in proc.stderr, proc.stderr[-2000:]
+    kinds = [(e["event"], e["actor"], e["rank"]) for e in events(run)]
+    assert kinds == [("actor_died", 0, 1), ("actor_replaced", 0, 3)], kinds
+    replaced = json.loads((run / "logs" / "actor0.json").read_text())
+    assert replaced["rank"] == 3 and replaced["env_steps"] > 0, replaced  # the spare played actor 0's place
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for key in ("return", "episode_length", "loss", "env_steps_per_s", "replay_size", "actor_lag"):
         assert key in records[-1], key
     assert "env steps" in proc.stdout and "done (not solved)" in proc.stdout
@@ -47,7 +51,15 @@ def test_a_short_dqn_run_learns_and_goes_on_when_an_actor_is_killed(tmp_path: Pa
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) -> None:
-    rl_job(tmp_path, "pg", "--algo", "reinforce", "--inference", "learner", "--actors", "2", "--max-env-steps", "20000")
+    """Also: two actors killed with one spare: the first is replaced, then the learner goes on with one."""
+    kill = {"DISTTRAIN_FAULT": "rl_actor_kill:10:1,rl_actor_kill:14:2"}
+    args = ["--algo", "reinforce", "--inference", "learner", "--actors", "2", "--spare-actors", "1"]
+    proc = rl_job(tmp_path, "pg", *args, "--max-env-steps", "20000", env=kill)
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("disttrain rl: actor")]
+    assert len(lines) == 2 and {x.split("(rank ")[1][0] for x in lines} == {"1", "2"}, lines
+    first, second = lines  # whichever died first got the spare
+    assert "exited with code -9; spare rank 3 takes its place" in first, lines
+    assert "exited with code -9; the learner goes on with the others" in second, lines
     summary = json.loads((tmp_path / "pg" / "summary.json").read_text())
     assert summary["return"] > 2 * RANDOM_RETURN and summary["updates"] >= 10, summary
 
@@ -55,7 +67,18 @@ def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path: Path) -> None:
-    args = ["--actors", "2", "--max-env-steps", "8000", "--checkpoint-every", "100", "--learning-starts", "500"]
+    args = [
+        "--actors",
+        "2",
+        "--max-env-steps",
+        "8000",
+        "--checkpoint-every",
+        "100",
+        "--learning-starts",
+        "500",
+        "--spare-actors",
+        "1",
+    ]  # fmt: skip  (an idle spare leaves when the learner stops)
     kill = {"DISTTRAIN_FAULT": "rl_learner_kill:250:0"}
     proc = rl_job(tmp_path, "lrn", *args, env=kill, ok=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -9,6 +9,7 @@ prints to this console; every rank's output also goes to ``<run>/logs/rank<r>.lo
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import IO
+
+import torch.distributed as dist
 
 from disttrain.checkpoint.commit import latest
 from disttrain.errors import ConfigError
@@ -40,10 +43,11 @@ def free_port() -> int:
 
 def my_ranks(cfg: RLConfig) -> tuple[range, str, int]:
     """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
-    world, nodes = cfg.actors + 1, int(cfg.launch.nnodes.split(":")[-1])
+    world, nodes = cfg.actors + 1 + cfg.spare_actors, int(cfg.launch.nnodes.split(":")[-1])
     if ":" in cfg.launch.nnodes or world % nodes:
-        raise ConfigError(f"disttrain rl runs {world} processes (1 learner + {cfg.actors} actors), which "
-                          f"launch.nnodes {cfg.launch.nnodes!r} must divide evenly")  # fmt: skip
+        raise ConfigError(f"disttrain rl runs {world} processes (1 learner + {cfg.actors} actors + "
+                          f"{cfg.spare_actors} spares), which launch.nnodes {cfg.launch.nnodes!r} must divide "
+                          "evenly")  # fmt: skip
     if nodes == 1:
         return range(world), "127.0.0.1", free_port()
     if not cfg.launch.rdzv_endpoint or ":" not in cfg.launch.rdzv_endpoint:
@@ -75,9 +79,10 @@ def launch_rl(cfg: RLConfig) -> int:
     if 0 in ranks:
         print(f"disttrain rl: {cfg.algo} on {cfg.env_id}, 1 learner + {cfg.actors} actors x {cfg.envs_per_actor} "
               f"envs, inference on the {cfg.inference}; run folder {run_dir}", flush=True)  # fmt: skip
-    procs = {r: start(r, cfg.actors + 1, host, port, config, run_dir) for r in ranks}
+    world = cfg.actors + 1 + cfg.spare_actors
+    procs = {r: start(r, world, host, port, config, run_dir) for r in ranks}
     try:
-        return watch(procs, run_dir)
+        return Watch(cfg, procs, run_dir, (host, port)).run()
     except KeyboardInterrupt:
         for p in procs.values():
             p.send_signal(signal.SIGINT)
@@ -88,23 +93,45 @@ def launch_rl(cfg: RLConfig) -> int:
                 p.kill()
 
 
-def watch(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
-    """Until the learner (or, on other nodes, every actor) ends: report dead actors, end with the learner."""
-    reported: set[int] = set()
-    while True:
-        time.sleep(0.2)
-        for r, p in procs.items():
-            code = p.poll()
-            if r and code not in (None, 0) and r not in reported:
-                reported.add(r)
-                log_event(run_dir, "actor_died", actor=r - 1, rank=r, exit_code=code)
-                log = run_dir / "logs" / f"rank{r}.log"
-                print(f"disttrain rl: actor {r - 1} (rank {r}) exited with code {code}; the learner goes on with "
-                      f"the others (log: {log})", file=sys.stderr, flush=True)  # fmt: skip
-        if 0 in procs and procs[0].poll() is not None:
-            return learner_ended(procs, run_dir)
-        if 0 not in procs and all(p.poll() is not None for p in procs.values()):
-            return 0 if not reported else 1
+class Watch:
+    """Until the learner (or, on other nodes, every actor) ends: report dead actors and put a spare in their
+    place; end with the learner."""
+
+    def __init__(
+        self, cfg: RLConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, store_at: tuple[str, int]
+    ) -> None:
+        self.procs, self.run_dir, self.store_at = procs, run_dir, store_at
+        self.places = {r: r - 1 for r in procs if 1 <= r <= cfg.actors}  # rank -> the actor place it plays
+        self.spares = [r for r in procs if r > cfg.actors]
+        self.reported: set[int] = set()
+
+    def run(self) -> int:
+        while True:
+            time.sleep(0.2)
+            for r, p in self.procs.items():
+                code = p.poll()
+                if r and code not in (None, 0) and r not in self.reported:
+                    self.reported.add(r)
+                    self.actor_died(r, code)
+            if 0 in self.procs and self.procs[0].poll() is not None:
+                return learner_ended(self.procs, self.run_dir)
+            if 0 not in self.procs and all(p.poll() is not None for p in self.procs.values()):
+                return 0 if not self.reported else 1
+
+    def actor_died(self, rank: int, code: int) -> None:
+        place = self.places.pop(rank, None)
+        log_event(self.run_dir, "actor_died", actor=place, rank=rank, exit_code=code)
+        log = self.run_dir / "logs" / f"rank{rank}.log"
+        then = "the learner goes on with the others"
+        if place is not None and self.spares:
+            spare = self.spares.pop(0)
+            self.places[spare] = place
+            store = dist.TCPStore(*self.store_at, is_master=False, timeout=datetime.timedelta(seconds=30))
+            store.set(f"rl/activate/{spare}", str(place))
+            log_event(self.run_dir, "actor_replaced", actor=place, rank=spare)
+            then = f"spare rank {spare} takes its place"
+        print(f"disttrain rl: actor {place} (rank {rank}) exited with code {code}; {then} (log: {log})",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def learner_ended(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:

@@ -20,8 +20,8 @@ from disttrain.utils.faults import fault_point
 
 
 class Actor:
-    def __init__(self, cfg: RLConfig, index: int, spec: EnvSpec, learner_name: str = "learner") -> None:
-        self.cfg, self.index, self.to = cfg, index, learner_name
+    def __init__(self, cfg: RLConfig, index: int, spec: EnvSpec, rank: int, learner_name: str = "learner") -> None:
+        self.cfg, self.index, self.rank, self.to = cfg, index, rank, learner_name
         self.seed = cfg.seed * 1000 + index
         self.env = make_vec(cfg.env_id, cfg.envs_per_actor, self.seed)
         self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, cfg.seed)
@@ -71,8 +71,9 @@ class Actor:
 
     def chunk_item(self) -> dict[str, Any]:
         batch, episodes = self.folder.take()
-        item: dict[str, Any] = {"actor": self.index, "steps": self.cfg.chunk * self.cfg.envs_per_actor,
-                                "version": self.version, "episodes": episodes}  # fmt: skip
+        steps = self.cfg.chunk * self.cfg.envs_per_actor
+        item: dict[str, Any] = {"actor": self.index, "rank": self.rank, "steps": steps, "version": self.version,
+                                "episodes": episodes}  # fmt: skip
         if self.cfg.algo == "dqn":
             item["batch"] = batch
             if batch is not None and self.cfg.prioritized and self.cfg.inference == "actor":
@@ -91,7 +92,7 @@ class Actor:
         while True:
             obs = self.play(obs)
             chunks += 1
-            fault_point("rl_actor_kill", chunks, self.index + 1)  # tests: this actor dies after chunk k
+            fault_point("rl_actor_kill", chunks, self.rank)  # tests: this actor dies after chunk k
             version, stop = transport.call(self.to, learner.add_experience, self.chunk_item())
             if stop:
                 break
@@ -101,4 +102,4 @@ class Actor:
             if self.cfg.inference == "actor" and version - self.version >= sync_every:
                 self.sync()
         self.env.close()
-        return {"actor": self.index, "env_steps": self.steps, "seconds": time.perf_counter() - t0}
+        return {"actor": self.index, "rank": self.rank, "env_steps": self.steps, "seconds": time.perf_counter() - t0}

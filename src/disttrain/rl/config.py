@@ -28,6 +28,10 @@ class RLConfig:
     inference: Literal["actor", "learner"] = "actor"
     """actor: each actor acts with its own copy of the network, pulled every sync_every learner updates;
     learner: actors send observations and the learner answers for all actors in one batched forward (SEED RL)."""
+    spare_actors: int = 0
+    """Idle actor processes in the RPC group from the start: when an actor dies, a spare takes over its
+    place (its exploration rate and environments' seeds) and the learner goes on with as many actors as
+    before. (RPC's group is fixed when it starts, so a dead process itself cannot come back.)"""
     sync_every: int = 20
     """inference actor: pull the learner's weights when the actor's copy is this many updates old."""
     hidden: int = 128
@@ -97,6 +101,7 @@ class RLConfig:
         check(self.learning_starts >= self.batch,
               f"rl.learning_starts ({self.learning_starts}) must be >= rl.batch ({self.batch})")  # fmt: skip
         check(0 < self.eps_base < 1 and self.eps_alpha >= 0, f"rl.eps_base must be in (0, 1), got {self.eps_base}")
+        check(self.spare_actors >= 0, f"rl.spare_actors must be >= 0, got {self.spare_actors}")
         check(self.max_lag >= 0 and self.checkpoint_every >= 0, "rl.max_lag and rl.checkpoint_every must be >= 0")
         check(self.log_every_s > 0 and self.rpc_timeout_s > 0, "rl.log_every_s and rl.rpc_timeout_s must be > 0")
         check(self.algo == "dqn" or self.checkpoint_every == 0,

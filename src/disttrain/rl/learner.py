@@ -54,9 +54,10 @@ class Learner:
                                    alpha=cfg.alpha, seed=cfg.seed)  # fmt: skip
         self.c = Counters(returns=deque(maxlen=cfg.solve_window))
         self.inbox: list[dict[str, Any]] = []
-        self.held: list[tuple[int, int, Future[Reply]]] = []  # (env steps it may go to, actor, its answer)
+        self.held: list[tuple[int, int, int, Future[Reply]]] = []  # (env steps it may reach, actor, rank, answer)
         self.last_seen: dict[int, float] = {}
         self.told: set[int] = set()  # ranks of the actors answered 'stop'
+        self.told_actors: set[int] = set()  # and their places (a spare may play a dead actor's)
         self.cond = threading.Condition()
         self.stop = False
         self.losses: deque[float] = deque(maxlen=100)
@@ -70,12 +71,13 @@ class Learner:
             self.c.env_steps += item["steps"]
             self.last_seen[item["actor"]] = time.monotonic()
             if self.stop:
-                self.told.add(item["actor"] + 1)
+                self.told.add(item["rank"])
+                self.told_actors.add(item["actor"])
                 fut.set_result((self.c.version, True))
             elif self._allowed() >= self.c.env_steps:
                 fut.set_result((self.c.version, False))
             else:
-                self.held.append((self.c.env_steps, item["actor"], fut))
+                self.held.append((self.c.env_steps, item["actor"], item["rank"], fut))
             self.cond.notify()
         return fut
 
@@ -95,15 +97,16 @@ class Learner:
             ready = [h for h in self.held if self.stop or h[0] <= allowed]
             self.held = [h for h in self.held if not (self.stop or h[0] <= allowed)]
             if self.stop:
-                self.told.update(actor + 1 for _, actor, _ in ready)
-        for _, _, fut in ready:
+                self.told.update(rank for _, _, rank, _ in ready)
+                self.told_actors.update(actor for _, actor, _, _ in ready)
+        for *_, fut in ready:
             fut.set_result((self.c.version, self.stop))
 
     def all_told(self, actors: int, quiet_s: float) -> bool:
         """Every actor has been told to stop, or has not called for ``quiet_s`` seconds (it died)."""
         now = time.monotonic()
         with self.cond:
-            return all(a + 1 in self.told or now - self.last_seen.get(a, 0.0) > quiet_s for a in range(actors))
+            return all(a in self.told_actors or now - self.last_seen.get(a, 0.0) > quiet_s for a in range(actors))
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         with self.cond:

@@ -25,6 +25,8 @@ from disttrain.rpc import transport
 from disttrain.utils.faults import fault_matches
 from disttrain.utils.process import run_and_exit
 
+STOP_KEY = "rl/stop"
+
 
 def record(lr: Learner, t0: float, steps0: int) -> dict[str, Any]:
     c = lr.c
@@ -76,6 +78,7 @@ def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
             metrics.flush()
             print(progress(rec), flush=True)
     lr.finish()
+    transport.store().set(STOP_KEY, "1")  # idle spares leave
     final = record(lr, t0, steps0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
     metrics.write(json.dumps(final) + "\n")
     metrics.close()
@@ -99,7 +102,7 @@ def main(argv: list[str]) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own RPC set-up, on gloo
-    name = "learner" if rank == 0 else f"actor{rank - 1}"
+    name = "learner" if rank == 0 else f"actor{rank - 1}" if rank <= cfg.actors else f"spare{rank - cfg.actors - 1}"
     transport.init(name, rank, world, timeout_s=cfg.rpc_timeout_s)
     if rank == 0:
         final = learn(cfg, run_dir)
@@ -109,13 +112,33 @@ def main(argv: list[str]) -> int:
         print(f"done ({verdict}): {final['wall_s']:.1f} s, {final['env_steps']:,} env steps, {final['episodes']} "
               f"episodes, {final['env_steps_per_s']:,.0f} env steps/s, return {final['return']:.1f} over the last "
               f"{len(learner_mod._get().c.returns)} counted episodes | run folder: {run_dir}", flush=True)  # fmt: skip
-        transport.shutdown(graceful=False, peers=[0, *learner_mod._get().told])
+        transport.shutdown(graceful=False, peers=[0, *learner_mod._get().told, *idle_spares(cfg)])
     else:
-        res = Actor(cfg, rank - 1, env_spec(cfg.env_id)).run()
-        (run_dir / "logs").mkdir(exist_ok=True)
-        (run_dir / "logs" / f"actor{rank - 1}.json").write_text(json.dumps(res) + "\n")
+        index = rank - 1 if rank <= cfg.actors else wait_as_spare()
+        if index is not None:
+            res = Actor(cfg, index, env_spec(cfg.env_id), rank).run()
+            (run_dir / "logs" / f"actor{index}.json").write_text(json.dumps(res) + "\n")
         transport.shutdown(graceful=False, peers=[0])
     return 0
+
+
+def wait_as_spare() -> int | None:
+    """A spare: the place of the dead actor it is told to take (by ``disttrain rl``'s parent), or None when
+    the learner stops first."""
+    store = transport.store()
+    me = f"rl/activate/{os.environ['RANK']}"
+    while True:
+        if store.check([me]):
+            return int(store.get(me))
+        if store.check([STOP_KEY]):
+            return None
+        time.sleep(0.2)
+
+
+def idle_spares(cfg: RLConfig) -> list[int]:
+    store = transport.store()
+    spares = range(cfg.actors + 1, cfg.actors + 1 + cfg.spare_actors)
+    return [r for r in spares if not store.check([f"rl/activate/{r}"])]
 
 
 if __name__ == "__main__":

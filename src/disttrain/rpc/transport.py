@@ -123,5 +123,10 @@ def async_execution(fn: Callable[..., Any]) -> Callable[..., Any]:
     return rpc.functions.async_execution(fn)
 
 
+def store() -> Any:
+    """A client of the rendezvous store (rank 0 hosts it): small shared flags beside the calls."""
+    return _GROUP.get("store")
+
+
 def worker_name() -> str:
     return rpc.get_worker_info().name
