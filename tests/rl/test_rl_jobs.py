@@ -5,12 +5,14 @@ mistakes are one line."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import disttrain
+from conftest import BIN, child_env, disttrain
 
 RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
 
@@ -99,3 +101,23 @@ def test_bad_rl_options_are_one_line(tmp_path: Path) -> None:
     ]:
         proc = disttrain("rl", *args, "--run-root", str(tmp_path), timeout=60)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
+    """Two launchers (node 0: learner + actor 0; node 1: actors 1 and 2) meeting at node 0's address."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ["rl", "--max-env-steps", "8000", "--run-root", str(tmp_path), "--run-name", "two", "--launch.nnodes", "2",
+            "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]  # fmt: skip
+    other = subprocess.Popen([str(BIN / "disttrain"), *args, "1"], env=child_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = disttrain(*args, "0", timeout=200)
+    _, err = other.communicate(timeout=60)
+    assert proc.returncode == 0 and other.returncode == 0, proc.stderr[-2000:] + err[-2000:]
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["env_steps"] >= 8000 and summary["episodes"] > 0
+    played = [json.loads((tmp_path / "two" / "logs" / f"actor{i}.json").read_text()) for i in range(3)]
+    assert [p["rank"] for p in played] == [1, 2, 3] and all(p["env_steps"] > 0 for p in played), played
