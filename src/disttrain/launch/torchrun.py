@@ -17,6 +17,7 @@ import torch
 
 from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
+from disttrain.launch.network import endpoint_parts, route_to, set_interface_env
 
 
 def device_count(device_type: str) -> int:
@@ -59,8 +60,13 @@ def torchrun_argv(
     """torchrun options for ``nproc`` processes on this node; ranks > 0 go to files when ``quiet_ranks``."""
     argv = [f"--nproc-per-node={nproc}", f"--nnodes={launch.nnodes}", f"--max-restarts={launch.max_restarts}"]
     if launch.rdzv_endpoint:
-        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--node-rank={launch.node_rank}"]
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}"]  # ranks in order of arrival
         argv += [f"--rdzv-id={os.environ.get('DISTTRAIN_RDZV_ID', 'disttrain')}"]
+        argv += [f"--local-addr={route_to(*endpoint_parts(launch.rdzv_endpoint))}"]
+        if launch.node_rank == 0:
+            # node 0 hosts the rendezvous store; torchrun's own guess compares host names, which say nothing
+            # where several hosts share one (containers, network namespaces) or the endpoint is an address
+            argv += ["--rdzv-conf=is_host=true"]
     else:
         if launch.nnodes != "1":
             raise ConfigError(
@@ -92,6 +98,8 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
     args = get_args_parser().parse_args(argv)
+    if args.local_addr:
+        set_interface_env(os.environ, args.local_addr)
     try:
         run(args)
     except ChildFailedError as e:
