@@ -46,6 +46,7 @@ class Actor:
 
     def play(self, obs: np.ndarray) -> np.ndarray:
         """``rl.chunk`` steps of every environment; the observation to go on from."""
+        self.eps = torch.tensor(self.cfg.epsilon(self.index, self.steps * self.cfg.actors))  # ~ the job's steps
         for _ in range(self.cfg.chunk):
             actions = choose(self.output(torch.from_numpy(obs).float()), self.eps, self.cfg.algo, self.gen).numpy()
             nxt, rewards, term, trunc, info = self.env.step(actions)
@@ -73,7 +74,7 @@ class Actor:
         batch, episodes = self.folder.take()
         steps = self.cfg.chunk * self.cfg.envs_per_actor
         item: dict[str, Any] = {"actor": self.index, "rank": self.rank, "steps": steps, "version": self.version,
-                                "episodes": episodes}  # fmt: skip
+                                "episodes": episodes, "eps": float(self.eps)}  # fmt: skip
         if self.cfg.algo == "dqn":
             item["batch"] = batch
             if batch is not None and self.cfg.prioritized and self.cfg.inference == "actor":

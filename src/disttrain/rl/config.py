@@ -62,6 +62,9 @@ class RLConfig:
     """dqn: actor i explores with eps_base ** (1 + eps_alpha * i / (actors - 1)) (the Ape-X ladder)."""
     eps_alpha: float = 7.0
     """dqn: the ladder's spread."""
+    explore_steps: int = 40_000
+    """dqn: every actor starts fully random and anneals linearly to its ladder rate over the job's first
+    explore_steps environment steps (0: the ladder from the start)."""
     eval_eps: float = 0.02
     """Episodes of actors exploring at most this much count towards 'solved' (all actors under reinforce)."""
     solve_return: float = 475.0
@@ -101,6 +104,7 @@ class RLConfig:
         check(self.learning_starts >= self.batch,
               f"rl.learning_starts ({self.learning_starts}) must be >= rl.batch ({self.batch})")  # fmt: skip
         check(0 < self.eps_base < 1 and self.eps_alpha >= 0, f"rl.eps_base must be in (0, 1), got {self.eps_base}")
+        check(self.explore_steps >= 0, f"rl.explore_steps must be >= 0, got {self.explore_steps}")
         check(self.spare_actors >= 0, f"rl.spare_actors must be >= 0, got {self.spare_actors}")
         check(self.max_lag >= 0 and self.checkpoint_every >= 0, "rl.max_lag and rl.checkpoint_every must be >= 0")
         check(self.log_every_s > 0 and self.rpc_timeout_s > 0, "rl.log_every_s and rl.rpc_timeout_s must be > 0")
@@ -116,9 +120,13 @@ class RLConfig:
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else (1e-3 if self.algo == "dqn" else 1e-2)
 
-    def epsilon(self, actor: int) -> float:
-        """dqn: actor ``actor``'s exploration rate on the Ape-X ladder (reinforce samples its policy: 0)."""
+    def epsilon(self, actor: int, env_steps: int | None = None) -> float:
+        """dqn: actor ``actor``'s exploration rate on the Ape-X ladder, annealed from 1 over the first
+        explore_steps when ``env_steps`` (the job's so far) is given; reinforce samples its policy: 0."""
         if self.algo != "dqn":
             return 0.0
         spread = actor / (self.actors - 1) if self.actors > 1 else 1.0
-        return self.eps_base ** (1 + self.eps_alpha * spread)
+        ladder = self.eps_base ** (1 + self.eps_alpha * spread)
+        if env_steps is None or not self.explore_steps:
+            return ladder
+        return max(ladder, 1.0 - (1.0 - ladder) * env_steps / self.explore_steps)

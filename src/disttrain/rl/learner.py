@@ -131,7 +131,7 @@ class Learner:
                     self.pending_episodes.append(traj)
 
     def _count(self, item: dict[str, Any]) -> None:
-        counted = self.cfg.epsilon(item["actor"]) <= self.cfg.eval_eps
+        counted = item.get("eps", self.cfg.epsilon(item["actor"])) <= self.cfg.eval_eps
         for ret, length in item["episodes"]:
             self.c.episodes += 1
             self.c.all_returns.append(ret)
