@@ -38,6 +38,7 @@ from disttrain.checkpoint.layout import (
     MANIFEST,
     MARKER,
     RNG_FILE,
+    TMP_PREFIX,
     CheckpointInfo,
     fsync_dir,
     list_checkpoints,
@@ -94,6 +95,8 @@ class CheckpointManager:
             self._pg = dist.new_group(backend="gloo")
         if rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
+            for left in self.folder.glob(f"{TMP_PREFIX}*"):  # a crashed attempt's: no save of this one runs yet
+                shutil.rmtree(left, ignore_errors=True)
 
     # ---- save ----
     def save(self, step: int, state: dict[str, Any]) -> None:

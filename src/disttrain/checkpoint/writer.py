@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import queue
-import shutil
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,13 +126,10 @@ class ChecksummingWriter(FileSystemWriter):
         self.extra = extra
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """The coordinator removes what a crashed attempt at this step left in the folder. Safe without a
-        barrier: every rank creates the folder next (``prepare_local_plan``, the coordinator after this), and
-        no rank writes a file before the planning collective that the coordinator joins after both. An async
-        save's upload thread (which also commits) gets ``nice`` here."""
+        """An async save's upload thread (which also commits) gets ``nice`` here. (What a crashed attempt
+        left is removed when the next one starts, by :class:`~disttrain.checkpoint.manager.CheckpointManager`:
+        removing it here raced with other nodes already creating the folder on shared storage.)"""
         lower_this_thread(self.nice)
-        if is_coordinator and Path(self.path).exists():
-            shutil.rmtree(self.path)
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
 
     def _write_data(self, planner: Any, file_queue: Any) -> Any:
