@@ -75,7 +75,7 @@ class Plan:
     steps: int = 40_000  # the fixed-length throughput runs
     chunk1_steps: int = 5_000  # --chunk 1 (one RPC per step)
     learner_steps: int = 10_000  # --inference learner (one RPC per step)
-    cap: int = 300_000  # solve runs: env steps before giving up (both systems)
+    cap: int = 500_000  # solve runs: env steps before giving up (both systems)
     explore_frac: float = 0.2  # baseline: epsilon reaches 0.02 after this fraction of the cap
     seeds: tuple[int, ...] = (0, 1, 2)
     timeout_s: float = 1200.0

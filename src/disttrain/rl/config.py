@@ -37,7 +37,7 @@ class RLConfig:
     hidden: int = 128
     """Width of the network's two hidden layers."""
     lr: float | None = None
-    """Adam learning rate (default: 1e-3 for dqn, 1e-2 for reinforce)."""
+    """Adam learning rate (default: 5e-4 for dqn, 1e-2 for reinforce)."""
     gamma: float = 0.99
     """Discount."""
     n_step: int = 3
@@ -62,7 +62,7 @@ class RLConfig:
     """dqn: actor i explores with eps_base ** (1 + eps_alpha * i / (actors - 1)) (the Ape-X ladder)."""
     eps_alpha: float = 7.0
     """dqn: the ladder's spread."""
-    explore_steps: int = 40_000
+    explore_steps: int = 0
     """dqn: every actor starts fully random and anneals linearly to its ladder rate over the job's first
     explore_steps environment steps (0: the ladder from the start)."""
     eval_eps: float = 0.02
@@ -71,7 +71,7 @@ class RLConfig:
     """Stop when the mean return of the last solve_window counted episodes reaches this (0: never)."""
     solve_window: int = 100
     """Episodes in the solved mean."""
-    max_env_steps: int = 300_000
+    max_env_steps: int = 500_000
     """Stop after this many environment steps in all (solved or not)."""
     episodes_per_update: int = 8
     """reinforce: episodes per policy-gradient update."""
@@ -118,7 +118,7 @@ class RLConfig:
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else (1e-3 if self.algo == "dqn" else 1e-2)
+        return self.lr if self.lr is not None else (5e-4 if self.algo == "dqn" else 1e-2)
 
     def epsilon(self, actor: int, env_steps: int | None = None) -> float:
         """dqn: actor ``actor``'s exploration rate on the Ape-X ladder, annealed from 1 over the first
