@@ -45,8 +45,10 @@ def test_the_exploration_ladder_spans_eps_base_to_near_greedy() -> None:
     cfg = RLConfig(actors=3)
     eps = [cfg.epsilon(i) for i in range(3)]
     assert eps[0] == pytest.approx(0.4) and eps[2] == pytest.approx(0.4**8) and eps[0] > eps[1] > eps[2]
-    assert cfg.epsilon(2, 0) == 1.0 and cfg.epsilon(2, cfg.explore_steps) == pytest.approx(eps[2])
-    assert cfg.epsilon(0, cfg.explore_steps // 2) == pytest.approx(0.7) and cfg.epsilon(1, 10**9) == eps[1]
+    assert cfg.epsilon(2, 0) == eps[2]  # explore_steps 0: the ladder from the start
+    warm = RLConfig(actors=3, explore_steps=40_000)
+    assert warm.epsilon(2, 0) == 1.0 and warm.epsilon(2, 40_000) == pytest.approx(eps[2])
+    assert warm.epsilon(0, 20_000) == pytest.approx(0.7) and warm.epsilon(1, 10**9) == eps[1]
     assert RLConfig(algo="reinforce").epsilon(0) == 0.0 and RLConfig(algo="reinforce").learning_rate == 1e-2
 
 
