@@ -43,6 +43,15 @@ class Host:
         pipe = subprocess.PIPE
         return subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True)
 
+    def kill_all(self) -> None:
+        """The host dies: SIGKILL to every process in its namespace (launcher and workers alike)."""
+        pids = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def link(self, up: bool) -> None:
         subprocess.run(self.cmd("ip", "link", "set", self.veth, "up" if up else "down"), check=True)
 
@@ -69,10 +78,5 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
         yield a, b
     finally:
         for h in (a, b):
-            pids = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            h.kill_all()
             subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)

@@ -19,13 +19,15 @@ from typing import Any
 from torch import nn
 
 from disttrain.build import build_data, build_for_training, build_model, vocab_size
+from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.checkpoint.manager import CheckpointManager
 from disttrain.config import JobConfig, load_toml
 from disttrain.data.text import TextData
 from disttrain.dist.env import DistEnv, destroy_distributed, init_distributed
 from disttrain.dist.mesh import ParallelDims
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Terminated
-from disttrain.health.events import record_exit
+from disttrain.health.events import log_event, record_exit
+from disttrain.health.peers import lost_peer
 from disttrain.health.signals import raise_on_sigterm
 from disttrain.models.gpt import GPT
 from disttrain.train.trainer import FitResult, Trainer
@@ -62,9 +64,8 @@ def build_trainer(cfg: JobConfig, env: DistEnv, run_dir: Path) -> tuple[Trainer,
     train, val, text = build_data(cfg)
     dims = ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size)
     model = build_for_training(cfg, vocab_size(train, text), dims.fsdp_enabled, env.local_world_size)
-    ckpt_dir = Path(cfg.checkpoint.folder)
     ckpt = CheckpointManager(
-        ckpt_dir if ckpt_dir.is_absolute() else run_dir / ckpt_dir,
+        checkpoints_folder_of(cfg, run_dir),
         cfg.checkpoint,
         rank=env.rank,
         world_size=env.world_size,
@@ -148,6 +149,24 @@ def train_job(cfg: JobConfig, env: DistEnv, run_dir: Path) -> int:
     return 0
 
 
+def checkpoints_folder_of(cfg: JobConfig, run_dir: Path) -> Path:
+    folder = Path(cfg.checkpoint.folder)
+    return folder if folder.is_absolute() else run_dir / folder
+
+
+def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str) -> int:
+    """One line per node (its first rank) instead of a traceback per rank: who was lost, what to do."""
+    usable = [c for c in list_checkpoints(checkpoints_folder_of(cfg, run_dir)) if c.usable]
+    newest = f"the newest checkpoint is step {usable[-1].step}" if usable else "no checkpoint yet"
+    msg = (f"lost contact with {addr} ({what}): a node of this job went away or its link is down; this node "
+           f"stops ({newest}; start the job on every node again to resume)")  # fmt: skip
+    record_exit(run_dir, env.rank, msg)
+    log_event(run_dir, "peer_lost", rank=env.rank, peer=addr, cause=what)
+    if env.local_rank == 0:
+        print(f"disttrain: rank {env.rank}: {msg}", file=sys.stderr, flush=True)
+    return 4
+
+
 def main(run_dir: str | Path) -> int:
     """Run the job in ``run_dir``; exit codes: 0 done, 2 a mistake in the job, 3 stopped on purpose."""
     run_dir = Path(run_dir)
@@ -170,6 +189,11 @@ def main(run_dir: str | Path) -> int:
     except Terminated as e:  # torchrun stopping this rank because another one failed: a note, no traceback
         record_exit(run_dir, env.rank, str(e))
         return 128 + signal.SIGTERM
+    except RuntimeError as e:
+        if (lost := lost_peer(e)) is None:
+            record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
+            raise
+        return peer_lost(cfg, env, run_dir, *lost)
     except BaseException as e:  # noted for the restart log, then torchrun sees the failure
         record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
         raise
