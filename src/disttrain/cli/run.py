@@ -12,6 +12,7 @@ RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key 
   --print-config    print the resolved config (TOML) and exit without training
   --max-restarts N  restart the job up to N times after a failure (= --launch.max-restarts)
   --debug PRESETS   comms and/or anomaly, e.g. --debug comms,anomaly (= --health.debug; see README)
+  --slurm           write an sbatch script for --launch.nnodes nodes (one launcher per node) and exit
 """
 
 
@@ -24,6 +25,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--print-config", action="store_true")
     p.add_argument("--max-restarts", default=None)  # = --launch.max-restarts
     p.add_argument("--debug", default=None)  # = --health.debug (comms, anomaly)
+    p.add_argument("--slurm", action="store_true")
     known, rest = p.parse_known_args(argv)
     if known.max_restarts is not None:
         rest += ["--launch.max-restarts", known.max_restarts]
@@ -33,6 +35,10 @@ def main(argv: list[str]) -> int:
         print(RUN_HELP)
     cfg = load_toml(known.config) if known.config else JobConfig()
     cfg = apply_overrides(cfg, rest)
+    if known.slurm:
+        from disttrain.launch.slurm import write_run_sbatch
+
+        return write_run_sbatch(cfg)
     if known.print_config:
         resolved, choice = plan_and_resolve(cfg)
         print(f"# strategy {resolved.parallel.strategy}: {choice.reason}\n{to_toml(resolved)}", end="")

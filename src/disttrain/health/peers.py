@@ -1,5 +1,6 @@
 """A collective that failed because a peer went away (its host died, the link was cut, it was killed), told
-apart from a bug: gloo and NCCL say so in their error text, with the peer's address."""
+apart from a bug: gloo and NCCL say so in their error text, with the peer's address. (The launcher's worker
+treats only peers on other nodes this way; a rank of its own node that died is torchrun's to report.)"""
 
 from __future__ import annotations
 

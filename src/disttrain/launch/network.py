@@ -38,6 +38,14 @@ def interface_of(addr: str) -> str | None:
     return None
 
 
+def is_local(host: str) -> bool:
+    """Is ``host`` (a name or an address) one of this machine's addresses?"""
+    try:
+        return interface_of(socket.gethostbyname(host)) is not None
+    except OSError:
+        return False
+
+
 def endpoint_parts(endpoint: str) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():

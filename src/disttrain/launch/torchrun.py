@@ -17,7 +17,7 @@ import torch
 
 from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
-from disttrain.launch.network import endpoint_parts, route_to, set_interface_env
+from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
 
 
 def device_count(device_type: str) -> int:
@@ -62,10 +62,15 @@ def torchrun_argv(
     if launch.rdzv_endpoint:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}"]  # ranks in order of arrival
         argv += [f"--rdzv-id={os.environ.get('DISTTRAIN_RDZV_ID', 'disttrain')}"]
-        argv += [f"--local-addr={route_to(*endpoint_parts(launch.rdzv_endpoint))}"]
-        if launch.node_rank == 0:
-            # node 0 hosts the rendezvous store; torchrun's own guess compares host names, which say nothing
-            # where several hosts share one (containers, network namespaces) or the endpoint is an address
+        host, port = endpoint_parts(launch.rdzv_endpoint)
+        argv += [f"--local-addr={route_to(host, port)}"]
+        # Who hosts the rendezvous store: torchrun guesses from host names, which say nothing where several
+        # hosts share one (containers, network namespaces, one test machine) or the endpoint is an address,
+        # and two nodes that both guess "me" race for the port. Node 0 hosts it when the endpoint is one of
+        # its own addresses; other node ranks never do (a node left at the default rank 0 keeps the guess).
+        if launch.node_rank != 0:
+            argv += ["--rdzv-conf=is_host=false"]
+        elif is_local(host):
             argv += ["--rdzv-conf=is_host=true"]
     else:
         if launch.nnodes != "1":

@@ -29,6 +29,7 @@ from disttrain.errors import CheckpointError, ConfigError, HealthError, Terminat
 from disttrain.health.events import log_event, record_exit
 from disttrain.health.peers import lost_peer
 from disttrain.health.signals import raise_on_sigterm
+from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
 from disttrain.train.trainer import FitResult, Trainer
 from disttrain.utils.process import exit_now
@@ -190,7 +191,7 @@ def main(run_dir: str | Path) -> int:
         record_exit(run_dir, env.rank, str(e))
         return 128 + signal.SIGTERM
     except RuntimeError as e:
-        if (lost := lost_peer(e)) is None:
+        if (lost := lost_peer(e)) is None or interface_of(lost[0]) is not None:  # a rank of this node: as before
             record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
             raise
         return peer_lost(cfg, env, run_dir, *lost)

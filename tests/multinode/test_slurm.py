@@ -1,0 +1,69 @@
+"""`--slurm` writes an sbatch script; run here under a fake `srun` (one launcher per "node", SLURM_NODEID set,
+all on this host) and a fake `scontrol`, it trains one job over 2 nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import child_env, disttrain, tiny_cli_args
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+FAKE_SRUN = """#!/bin/bash
+# fake srun: start the step's command once per node of the allocation, on this host, and wait for all
+shift  # --kill-on-bad-exit=1
+pids=()
+for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" & pids+=($!); done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+exit $rc
+"""
+FAKE_SCONTROL = '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1\n'
+
+
+def fake_slurm(tmp: Path) -> dict[str, str]:
+    bin_dir = tmp / "fakebin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {**child_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77",
+            "SLURM_JOB_NODELIST": "node[1-2]", "DISTTRAIN_RDZV_PORT": str(port)}  # fmt: skip
+
+
+def test_run_slurm_writes_a_script_that_trains_over_two_nodes(tmp_path: Path, small_text: Path) -> None:
+    args = tiny_cli_args(small_text, 4, "--run.root", str(tmp_path), "--run.name", "sl", "--parallel.nproc", "1",
+                         "--launch.nnodes", "2", "--metrics.progress", "off")  # fmt: skip
+    proc = disttrain(*args, "--slurm")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    script = tmp_path / "sl.sbatch"
+    assert f"submit it with: sbatch {script}" in proc.stdout
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "srun --kill-on-bad-exit=1" in text and '"$SLURM_NODEID"' in text
+    assert not (tmp_path / "sl").exists()  # nothing ran
+    ran = subprocess.run(["bash", str(script)], env=fake_slurm(tmp_path), capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    recs = [json.loads(x) for x in (tmp_path / "sl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == [1, 2, 3, 4]
+    assert "ddp x 2 rank(s)" in ran.stdout or "2 cpu process" in ran.stdout or "x 2 node" in ran.stdout, ran.stdout
+
+
+def test_launch_slurm_writes_a_script_for_a_users_program(tmp_path: Path) -> None:
+    prog = tmp_path / "hello.py"
+    prog.write_text("import os, pathlib\nout = pathlib.Path(__file__).parent / f\"rank{os.environ['RANK']}.txt\"\n"
+                    "out.write_text(os.environ['WORLD_SIZE'] + ' ' + os.environ['LOCAL_RANK'])\n")  # fmt: skip
+    proc = disttrain("launch", "--slurm", "-n", "1", "--nnodes", "2", str(prog), "--flag")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    script = tmp_path / "hello.sbatch"
+    ran = subprocess.run(["bash", str(script)], env=fake_slurm(tmp_path), capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == ["2 0", "2 0"]
