@@ -17,6 +17,17 @@ def raise_on_sigterm() -> None:
     rank that really failed first, not every rank that left no record."""
 
     def handler(signum: int, frame: Any) -> None:
+        STOPPING.append(signum)
         raise Terminated("SIGTERM: stopped by the launcher (another rank failed, or the job was cancelled)")
 
+    def interrupt(signum: int, frame: Any) -> None:
+        STOPPING.append(signum)
+        raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, interrupt)
+
+
+STOPPING: list[int] = []
+"""The stop signals this process received: a collective that fails afterwards failed because the other
+ranks are stopping too, not because of a fault."""

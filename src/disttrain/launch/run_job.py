@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.config import JobConfig, to_toml
 from disttrain.launch import worker
 from disttrain.launch.debug_env import debug_env
@@ -51,6 +53,22 @@ def launch_job(cfg: JobConfig) -> int:
     os.environ.update(debug_env(cfg.health.debug_presets, run_dir))  # read by the workers' c10d/NCCL at start
     if nproc == 1 and cfg.launch.nnodes == "1" and cfg.launch.max_restarts == 0:
         torch.set_num_threads(threads_per_rank(1, device))
-        return worker.main(run_dir)
-    argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
-    return run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
+        code = worker.main(run_dir)
+    else:
+        argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
+        code = run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
+    if code in (130, 143):
+        print(f"disttrain: {interrupted(cfg, run_dir, code)}", file=sys.stderr, flush=True)
+    return code
+
+
+def interrupted(cfg: JobConfig, run_dir: Path, code: int) -> str:
+    """One line for a job stopped by Ctrl-C (130) or SIGTERM (143): where it was, how to go on."""
+    steps = [json.loads(x).get("step", 0) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
+        run_dir / "metrics.jsonl").is_file() else []  # fmt: skip
+    folder = Path(cfg.checkpoint.folder)
+    usable = [c for c in list_checkpoints(folder if folder.is_absolute() else run_dir / folder) if c.usable]
+    newest = f"step {usable[-1].step}" if usable else "none yet"
+    how = "interrupted" if code == 130 else "terminated (SIGTERM)"
+    return (f"{how} at step {max(steps, default=0)}; newest complete checkpoint: {newest}; resume with "
+            f"disttrain run --run.name {run_dir.name} (and the same options)")  # fmt: skip

@@ -96,6 +96,7 @@ def _worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type:
 
 def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
     """Run torchrun with ``argv`` (options, then the program); return the job's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -107,6 +108,10 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
         set_interface_env(os.environ, args.local_addr)
     try:
         run(args)
+    except SignalException as e:  # Ctrl-C (SIGINT) or a scheduler's SIGTERM: torchrun has stopped the workers
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:  # a Ctrl-C outside torchrun's own handler (start-up, shutdown)
+        return 130
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         where = f"; its log: {failure.error_file}" if failure.error_file and os.path.exists(failure.error_file) else ""

@@ -28,7 +28,7 @@ from disttrain.dist.mesh import ParallelDims
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Terminated
 from disttrain.health.events import log_event, record_exit
 from disttrain.health.peers import lost_peer
-from disttrain.health.signals import raise_on_sigterm
+from disttrain.health.signals import STOPPING, raise_on_sigterm
 from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
 from disttrain.train.trainer import FitResult, Trainer
@@ -168,6 +168,15 @@ def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str)
     return 4
 
 
+def stop_now(env: DistEnv, code: int) -> int:
+    """Leave at once on a stop signal: no process-group teardown, which can wait on a peer that is itself
+    stuck in a collective (its Python signal handler runs only when that returns); in-process (one rank,
+    no torchrun) the caller prints the line, so just return."""
+    if env.world_size > 1:
+        exit_now(code)
+    return code
+
+
 def main(run_dir: str | Path) -> int:
     """Run the job in ``run_dir``; exit codes: 0 done, 2 a mistake in the job, 3 stopped on purpose."""
     run_dir = Path(run_dir)
@@ -187,10 +196,16 @@ def main(run_dir: str | Path) -> int:
         if env.is_main:
             print(f"disttrain: stopped: {e}", file=sys.stderr, flush=True)
         return 3
+    except KeyboardInterrupt:  # Ctrl-C (torchrun passes the SIGINT on to every worker)
+        record_exit(run_dir, env.rank, "interrupted (Ctrl-C)")
+        return stop_now(env, 130)
     except Terminated as e:  # torchrun stopping this rank because another one failed: a note, no traceback
         record_exit(run_dir, env.rank, str(e))
-        return 128 + signal.SIGTERM
+        return stop_now(env, 128 + signal.SIGTERM)
     except RuntimeError as e:
+        if STOPPING:  # a collective broken by the other ranks stopping on the same signal
+            record_exit(run_dir, env.rank, f"stopped by signal {STOPPING[0]}")
+            return stop_now(env, 128 + STOPPING[0])
         if (lost := lost_peer(e)) is None or interface_of(lost[0]) is not None:  # a rank of this node: as before
             record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
             raise
