@@ -130,8 +130,10 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(tm
     args = [*SMALL, *two, "--run-root", str(tmp_path), "--run-name", "down"]
     proc = disttrain("ps", *args, timeout=200, env=kill)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    line = "disttrain ps: server0 (rank 2) is down or not answering"
-    assert line in proc.stderr and "run again with --run-name down to resume" in proc.stderr, proc.stderr[-3000:]
+    # a trainer says it ("server0 (rank 2) is down or not answering"), or the launcher, if torchrun stopped
+    # the trainers first ("server0 (rank 2) failed with exit code -9")
+    assert "server0 (rank 2)" in proc.stderr, proc.stderr[-3000:]
+    assert "run again with --run-name down to resume" in proc.stderr, proc.stderr[-3000:]
     again, _ = ps_job(tmp_path, "down", *two)
     assert_close(torch.tensor([r["loss"] for r in again[-8:]]), torch.tensor([r["loss"] for r in clean[4:]]))
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+from disttrain.checkpoint.commit import latest
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSConfig
@@ -35,7 +37,17 @@ def launch_ps(cfg: PSConfig) -> int:
           f"run folder {run_dir}", flush=True)  # fmt: skip
     argv = torchrun_argv(nproc, cfg.launch, log_dir=run_dir / "logs")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings repeat what the trainers say
-    return run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu")
+
+    def name(rank: int) -> str:
+        return f"trainer{rank} (rank {rank})" if rank < cfg.trainers else f"server{rank - cfg.trainers} (rank {rank})"
+
+    code = run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu", name)
+    if code == 1:  # the line above named the rank; how to go on (a trainer may have said it first)
+        last = latest(run_dir)
+        back = (f"the newest server checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
+                if last is not None else "no server checkpoint (--checkpoint-every N)")  # fmt: skip
+        print(f"disttrain ps: the job stopped; {back}", file=sys.stderr, flush=True)
+    return code
 
 
 def ps_procs_per_node(cfg: PSConfig) -> int:

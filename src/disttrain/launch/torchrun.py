@@ -10,7 +10,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
 import torch
@@ -94,8 +94,9 @@ def _worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type:
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
-def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
-    """Run torchrun with ``argv`` (options, then the program); return the job's exit code."""
+def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Callable[[int], str] | None = None) -> int:
+    """Run torchrun with ``argv`` (options, then the program); return the job's exit code. ``name_rank``
+    names a rank in the failure line (``server0 (rank 2)``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -115,10 +116,8 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str) -> int:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         where = f"; its log: {failure.error_file}" if failure.error_file and os.path.exists(failure.error_file) else ""
-        print(
-            f"disttrain: rank {rank} failed with exit code {failure.exitcode}{where}",
-            file=sys.stderr,
-        )
+        who = name_rank(rank) if name_rank else f"rank {rank}"
+        print(f"disttrain: {who} failed with exit code {failure.exitcode}{where}", file=sys.stderr)
         return 1
     return 0
 

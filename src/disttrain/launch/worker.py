@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ from disttrain.data.text import TextData
 from disttrain.dist.env import DistEnv, destroy_distributed, init_distributed
 from disttrain.dist.mesh import ParallelDims
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Terminated
-from disttrain.health.events import log_event, record_exit
+from disttrain.health.events import attempt, health_dir, log_event, record_exit
 from disttrain.health.peers import lost_peer
 from disttrain.health.signals import STOPPING, raise_on_sigterm
 from disttrain.launch.network import interface_of
@@ -163,9 +164,17 @@ def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str)
            f"stops ({newest}; start the job on every node again to resume)")  # fmt: skip
     record_exit(run_dir, env.rank, msg)
     log_event(run_dir, "peer_lost", rank=env.rank, peer=addr, cause=what)
-    if env.local_rank == 0:
+    try:  # the first rank of this node to see it says it, once
+        node_marker(run_dir).touch(exist_ok=False)
         print(f"disttrain: rank {env.rank}: {msg}", file=sys.stderr, flush=True)
-    return 4
+    except FileExistsError:
+        pass
+    return stop_now(env, 4)
+
+
+def node_marker(run_dir: Path) -> Path:
+    """Made by the first rank of this node (torchrun's GROUP_RANK) that lost a peer, in this attempt."""
+    return health_dir(run_dir) / f"peer-lost-attempt{attempt()}-node{os.environ.get('GROUP_RANK', '0')}"
 
 
 def stop_now(env: DistEnv, code: int) -> int:
@@ -206,7 +215,9 @@ def main(run_dir: str | Path) -> int:
         if STOPPING:  # a collective broken by the other ranks stopping on the same signal
             record_exit(run_dir, env.rank, f"stopped by signal {STOPPING[0]}")
             return stop_now(env, 128 + STOPPING[0])
-        if (lost := lost_peer(e)) is None or interface_of(lost[0]) is not None:  # a rank of this node: as before
+        lost = lost_peer(e)
+        # a rank of this node that died is torchrun's to report, unless this node already lost another node
+        if lost is None or (interface_of(lost[0]) is not None and not node_marker(run_dir).exists()):
             record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
             raise
         return peer_lost(cfg, env, run_dir, *lost)
@@ -218,4 +229,9 @@ def main(run_dir: str | Path) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main(sys.argv[1]))
+    try:
+        exit_now(main(sys.argv[1]))
+    except Terminated:  # torchrun's SIGTERM while a failure was being handled: it is stopping this rank anyway
+        exit_now(128 + signal.SIGTERM)
+    except KeyboardInterrupt:
+        exit_now(130)
