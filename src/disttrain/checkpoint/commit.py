@@ -70,3 +70,11 @@ def latest(run_dir: Path) -> Path | None:
     folder = run_dir / "checkpoints"
     steps = sorted((p for p in folder.glob("step-*") if STEP_RE.match(p.name)), reverse=True) if folder.is_dir() else []
     return next((p for p in steps if complete(p)), None)
+
+
+def resume_hint(run_dir: Path, whose: str) -> str:
+    """How a stopped job goes on: the newest complete ``whose`` checkpoint and the command, or that there is none."""
+    last = latest(run_dir)
+    if last is None:
+        return f"no {whose} checkpoint yet (--checkpoint-every N)"
+    return f"the newest {whose} checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from disttrain.checkpoint.commit import latest
+from disttrain.checkpoint.commit import resume_hint
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSConfig
@@ -43,9 +43,7 @@ def launch_ps(cfg: PSConfig) -> int:
 
     code = run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu", name)
     if code == 1:  # the line above named the rank; how to go on (a trainer may have said it first)
-        last = latest(run_dir)
-        back = (f"the newest server checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
-                if last is not None else "no server checkpoint (--checkpoint-every N)")  # fmt: skip
+        back = resume_hint(run_dir, "server")
         print(f"disttrain ps: the job stopped; {back}", file=sys.stderr, flush=True)
     return code
 

@@ -22,7 +22,7 @@ from typing import IO
 
 import torch.distributed as dist
 
-from disttrain.checkpoint.commit import latest
+from disttrain.checkpoint.commit import resume_hint
 from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
 from disttrain.rl.config import RLConfig
@@ -142,9 +142,7 @@ def learner_ended(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> i
     if code == 0:
         return 0
     log_event(run_dir, "learner_died", exit_code=code)
-    last = latest(run_dir)
-    back = (f"the newest learner checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
-            if last is not None else "no learner checkpoint (--checkpoint-every N)")  # fmt: skip
+    back = resume_hint(run_dir, "learner")
     print(f"disttrain rl: the learner (rank 0) exited with code {code}, so the job ends; {back} "
           f"(log: {run_dir / 'logs' / 'rank0.log'})", file=sys.stderr, flush=True)  # fmt: skip
     return 1

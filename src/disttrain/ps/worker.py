@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from disttrain.checkpoint.commit import resume_hint
 from disttrain.errors import RpcError
 from disttrain.health.events import log_event, record_exit
 from disttrain.health.monitor import HealthMonitor
@@ -119,9 +120,7 @@ def server_down(cfg: PSConfig, rank: int, run_dir: Path, e: RpcError) -> NoRetur
     the events log, and the way back; then this trainer exits (torchrun ends or restarts the whole job)."""
     who = next((s for s in (f"server{i}" for i in range(cfg.servers)) if f" on {s} " in str(e)), "a server")
     where = f"{who} (rank {cfg.trainers + int(who[6:])})" if who != "a server" else who
-    last = ps_checkpoint.latest(run_dir)
-    back = (f"the newest server checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
-            if last is not None else "no server checkpoint yet (--checkpoint-every N)")  # fmt: skip
+    back = resume_hint(run_dir, "server")
     msg = f"disttrain ps: {where} is down or not answering, trainer {rank} stops: {e}; {back}"
     log_event(run_dir, "ps_server_down", server=who, trainer=rank, error=str(e))
     record_exit(run_dir, rank, msg)
