@@ -164,11 +164,16 @@ def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str)
            f"stops ({newest}; start the job on every node again to resume)")  # fmt: skip
     record_exit(run_dir, env.rank, msg)
     log_event(run_dir, "peer_lost", rank=env.rank, peer=addr, cause=what)
-    try:  # the first rank of this node to see it says it, once
+    # the first rank of this node to see it says it, once; torchrun's SIGTERM (sent when another local rank
+    # exits first) waits until the line is out, or the marker would be made and the line lost
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
         node_marker(run_dir).touch(exist_ok=False)
         print(f"disttrain: rank {env.rank}: {msg}", file=sys.stderr, flush=True)
     except FileExistsError:
         pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return stop_now(env, 4)
 
 
