@@ -31,6 +31,18 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def pids_mentioning(text: str | Path) -> list[int]:
+    """Processes whose command line contains ``text`` (a run folder: its launchers and workers)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and str(text).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
 @pytest.fixture(scope="session")
 def small_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first 60k characters of the bundled corpus: enough for tiny models, quick to tokenise."""

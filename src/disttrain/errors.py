@@ -28,5 +28,14 @@ class Terminated(BaseException):
     A BaseException, so that no ``except Exception`` on the way swallows it."""
 
 
+class Preempted(RuntimeError):
+    """Training stopped after a step on SIGTERM / SIGUSR1 (preemption), with a checkpoint of that step."""
+
+    def __init__(self, step: int, signum: int, saved: bool) -> None:
+        self.step, self.signum, self.saved = step, signum, saved
+        kept = f"checkpoint of step {step} saved" if saved else "no checkpoint manager: nothing saved"
+        super().__init__(f"stopped after step {step} on signal {signum} (preemption); {kept}")
+
+
 class RpcError(RuntimeError):
     """A remote call failed or timed out; the message names the worker, the call and the cause."""

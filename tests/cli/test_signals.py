@@ -1,5 +1,7 @@
-"""Ctrl-C as the user's terminal sends it: every rank stops within seconds, one line says where the job was
-and how to resume, no traceback. (SIGTERM with a checkpoint before leaving, for preemption, is not built yet.)"""
+"""Stop signals as users' terminals and schedulers send them, to the real `disttrain run` on 2 ranks:
+Ctrl-C (twice) ends every rank within seconds with one line and no traceback; SIGTERM (preemption) makes
+every rank finish its step and save it before leaving, and the job resumes from there; SIGUSR1 (Slurm's
+time-limit warning, to every process) saves the same way and requeues the job with `scontrol requeue`."""
 
 from __future__ import annotations
 
@@ -12,29 +14,98 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, child_env, tiny_cli_args
+from conftest import BIN, child_env, pids_mentioning, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path, small_text: Path) -> None:
-    sig, code, said = signal.SIGINT, 130, "interrupted"
-    args = tiny_cli_args(small_text, 2000, "--run.root", str(tmp_path), "--run.name", "sig", "--checkpoint.interval",
-                         "4", "--metrics.progress", "off")  # fmt: skip
-    proc = subprocess.Popen([str(BIN / "disttrain"), *args], env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    metrics = tmp_path / "sig" / "metrics.jsonl"
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    pipe, env = subprocess.PIPE, {**child_env(), **(env or {})}
+    return subprocess.Popen([str(BIN / "disttrain"), *args], env=env, stdout=pipe, stderr=pipe, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def steps_done(run: Path) -> list[int]:
+    metrics = run / "metrics.jsonl"
+    return [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+
+
+def wait_for_steps(run: Path, n: int) -> None:
     deadline = time.monotonic() + 200
-    while time.monotonic() < deadline and not (metrics.is_file() and metrics.read_text().count("\n") >= 9):
+    while time.monotonic() < deadline and len(steps_done(run)) < n:
         time.sleep(0.1)
-    os.killpg(proc.pid, sig)  # what a terminal's Ctrl-C does: the signal to the foreground process group
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    took = time.monotonic() - sent
-    assert proc.returncode == code and took < 30, (proc.returncode, took, err[-3000:])
+
+
+def one_line(err: str) -> str:
     assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
     lines = [x for x in err.splitlines() if x.startswith("disttrain: ")]
-    assert len(lines) == 1 and f"disttrain: {said} at step " in lines[0], err[-3000:]
-    assert "resume with disttrain run --run.name sig" in lines[0] and "newest complete checkpoint: step" in lines[0]
-    last = max(json.loads(x)["step"] for x in metrics.read_text().splitlines())
-    assert f"at step {last};" in lines[0], (lines[0], last)
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def job(tmp_path: Path, data: Path, name: str, steps: int = 2000) -> list[str]:
+    return tiny_cli_args(data, steps, "--run.root", str(tmp_path), "--run.name", name, "--checkpoint.interval", "4",
+                         "--metrics.progress", "off")  # fmt: skip
+
+
+def newest_checkpoint(run: Path) -> int:
+    return max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
+
+
+def test_ctrl_c_twice_ends_every_rank_with_one_line(tmp_path: Path, small_text: Path) -> None:
+    proc = start(job(tmp_path, small_text, "sig"))
+    wait_for_steps(tmp_path / "sig", 9)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the signal to the foreground group
+    sent = time.monotonic()
+    time.sleep(0.3)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)  # an impatient second Ctrl-C changes nothing but the speed
+    except ProcessLookupError:
+        pass
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130 and took < 30, (proc.returncode, took, err[-3000:])
+    line = one_line(err)
+    assert "disttrain: interrupted at step " in line, err[-3000:]
+    assert "resume with disttrain run --run.name sig" in line and "newest complete checkpoint: step" in line
+    assert f"at step {max(steps_done(tmp_path / 'sig'))};" in line, line
+    assert pids_mentioning(tmp_path / "sig") == []
+
+
+def test_sigterm_saves_the_step_every_rank_finished_and_the_job_resumes_there(tmp_path: Path, small_text: Path) -> None:
+    run = tmp_path / "pre"
+    proc = start(job(tmp_path, small_text, "pre"))
+    wait_for_steps(run, 6)
+    os.kill(proc.pid, signal.SIGTERM)  # to the launcher only, as Kubernetes does (torchrun passes it on)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (proc.returncode, err[-3000:])
+    last = max(steps_done(run))
+    line = one_line(err)
+    assert line.startswith(f"disttrain: terminated (SIGTERM) at step {last}; newest complete checkpoint: step {last};")
+    assert newest_checkpoint(run) == last, (newest_checkpoint(run), last)
+    events = [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "preempted" and e["step"] == last for e in events), events
+    again = subprocess.run([str(BIN / "disttrain"), *job(tmp_path, small_text, "pre", last + 2)], env=child_env(),
+                           capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert steps_done(run) == list(range(1, last + 3))  # on from the saved step, none twice
+
+
+def test_sigusr1_saves_and_requeues_the_slurm_job(tmp_path: Path, small_text: Path) -> None:
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    run = tmp_path / "usr1"
+    proc = start(job(tmp_path, small_text, "usr1"), env)
+    wait_for_steps(run, 6)
+    os.killpg(proc.pid, signal.SIGUSR1)  # Slurm's --signal=USR1@90 reaches every process of the step
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 138, (proc.returncode, err[-3000:])
+    last = max(steps_done(run))
+    line = one_line(err)
+    assert f"preempted (SIGUSR1) at step {last}; newest complete checkpoint: step {last}" in line, line
+    assert "requeued Slurm job 4242" in line, line
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert newest_checkpoint(run) == last

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import child_env, disttrain, tiny_cli_args
+from conftest import child_env, disttrain, pids_mentioning, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -24,7 +26,11 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit $rc
 """
-FAKE_SCONTROL = '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1\n'
+FAKE_SCONTROL = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1
+[ "$1" = "requeue" ] && echo "$@" >> "$SCONTROL_LOG"
+exit 0
+"""
 
 
 def fake_slurm(tmp: Path) -> dict[str, str]:
@@ -37,7 +43,8 @@ def fake_slurm(tmp: Path) -> dict[str, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return {**child_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77",
-            "SLURM_JOB_NODELIST": "node[1-2]", "DISTTRAIN_RDZV_PORT": str(port)}  # fmt: skip
+            "SLURM_JOB_NODELIST": "node[1-2]", "DISTTRAIN_RDZV_PORT": str(port),
+            "SCONTROL_LOG": str(tmp / "scontrol.log")}  # fmt: skip
 
 
 def test_run_slurm_writes_a_script_that_trains_over_two_nodes(tmp_path: Path, small_text: Path) -> None:
@@ -49,6 +56,7 @@ def test_run_slurm_writes_a_script_that_trains_over_two_nodes(tmp_path: Path, sm
     assert f"submit it with: sbatch {script}" in proc.stdout
     text = script.read_text()
     assert "#SBATCH --nodes=2" in text and "srun --kill-on-bad-exit=1" in text and '"$SLURM_NODEID"' in text
+    assert "#SBATCH --signal=USR1@90" in text and "#SBATCH --requeue" in text
     assert not (tmp_path / "sl").exists()  # nothing ran
     ran = subprocess.run(["bash", str(script)], env=fake_slurm(tmp_path), capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
@@ -67,3 +75,35 @@ def test_launch_slurm_writes_a_script_for_a_users_program(tmp_path: Path) -> Non
     ran = subprocess.run(["bash", str(script)], env=fake_slurm(tmp_path), capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == ["2 0", "2 0"]
+
+
+def test_the_time_limit_warning_saves_requeues_and_the_requeued_job_goes_on(tmp_path: Path, small_text: Path) -> None:
+    """Slurm's SIGUSR1 (--signal=USR1@90) to every process of the step: both nodes save the same step, node 0
+    asks for a requeue; the requeued script (the same one, run again) resumes from that step."""
+    run = tmp_path / "rq"
+    nodes = ["--parallel.nproc", "1", "--launch.nnodes", "2", "--checkpoint.interval", "50"]
+    args = tiny_cli_args(small_text, 2000, "--run.root", str(tmp_path), "--run.name", "rq", *nodes)
+    assert disttrain(*args, "--slurm").returncode == 0
+    env, done = fake_slurm(tmp_path), []
+    for _ in range(2):  # the job, then its requeued self
+        job = subprocess.Popen(["bash", str(tmp_path / "rq.sbatch")], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+        before = len(steps_of(run))
+        deadline = time.monotonic() + 200
+        while len(steps_of(run)) < before + 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in pids_mentioning(run):  # the launchers and workers (Python); not srun or the batch shell
+            if "python" in os.readlink(f"/proc/{pid}/exe"):
+                os.kill(pid, signal.SIGUSR1)
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 138, out[-2000:] + err[-3000:]
+        done.append(max(steps_of(run)))
+        assert f"preempted (SIGUSR1) at step {done[-1]}; newest complete checkpoint: step {done[-1]}" in err, err
+        assert err.count("requeued Slurm job 77") == 1, err  # node 0 only
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "77"] * 2
+    assert steps_of(run) == list(range(1, done[1] + 1)) and done[0] < done[1]  # no step lost or run twice
+
+
+def steps_of(run: Path) -> list[int]:
+    metrics = run / "metrics.jsonl"
+    return [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []

@@ -94,9 +94,13 @@ class LaunchConfig:
     """host:port of the rendezvous (multi-node)."""
     max_restarts: int = 0
     """Restart the whole group this many times after a failure."""
+    preempt_grace_s: int = 30
+    """SIGTERM / SIGUSR1 (preemption): how long the ranks get to finish their step and save a checkpoint
+    before the launcher kills them (Slurm's KillWait and Kubernetes' grace period are 30 s by default)."""
 
     def __post_init__(self) -> None:
         check(self.max_restarts >= 0, f"launch.max_restarts must be >= 0, got {self.max_restarts}")
+        check(self.preempt_grace_s >= 1, f"launch.preempt_grace_s must be >= 1 second, got {self.preempt_grace_s}")
         parts = self.nnodes.split(":")
         check(
             1 <= len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts),

@@ -8,15 +8,15 @@ from disttrain.errors import HealthError, Terminated
 from disttrain.health.events import log_event, record_exit, restart_event
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor, set_collective_timeout
-from disttrain.health.signals import raise_on_sigterm
+from disttrain.health.signals import install_stop_signals
 
 __all__ = [
     "HealthError",
     "HealthMonitor",
     "StepGuard",
     "Terminated",
+    "install_stop_signals",
     "log_event",
-    "raise_on_sigterm",
     "record_exit",
     "restart_event",
     "set_collective_timeout",

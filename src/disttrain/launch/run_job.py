@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,8 @@ from disttrain.config import JobConfig, to_toml
 from disttrain.launch import worker
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.resolve import plan_and_resolve
-from disttrain.launch.torchrun import run_torchrun, threads_per_rank, torchrun_argv
+from disttrain.launch.slurm import requeue
+from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
 
 
 def make_run_dir(cfg: JobConfig) -> Path:
@@ -57,18 +59,22 @@ def launch_job(cfg: JobConfig) -> int:
     else:
         argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
         code = run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
-    if code in (130, 143):
-        print(f"disttrain: {interrupted(cfg, run_dir, code)}", file=sys.stderr, flush=True)
+    if code in STOPPED_CODES:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a second Ctrl-C must not cut the line
+        line = interrupted(cfg, run_dir, code)
+        if code == 128 + signal.SIGUSR1 and cfg.launch.node_rank == 0:
+            line += "; " + requeue()
+        print(f"disttrain: {line}", file=sys.stderr, flush=True)
     return code
 
 
 def interrupted(cfg: JobConfig, run_dir: Path, code: int) -> str:
-    """One line for a job stopped by Ctrl-C (130) or SIGTERM (143): where it was, how to go on."""
+    """One line for a job stopped by Ctrl-C (130), SIGUSR1 (138) or SIGTERM (143): where it was, how to go on."""
     steps = [json.loads(x).get("step", 0) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
         run_dir / "metrics.jsonl").is_file() else []  # fmt: skip
     folder = Path(cfg.checkpoint.folder)
     usable = [c for c in list_checkpoints(folder if folder.is_absolute() else run_dir / folder) if c.usable]
     newest = f"step {usable[-1].step}" if usable else "none yet"
-    how = "interrupted" if code == 130 else "terminated (SIGTERM)"
+    how = {130: "interrupted", 138: "preempted (SIGUSR1)"}.get(code, "terminated (SIGTERM)")
     return (f"{how} at step {max(steps, default=0)}; newest complete checkpoint: {newest}; resume with "
             f"disttrain run --run.name {run_dir.name} (and the same options)")  # fmt: skip

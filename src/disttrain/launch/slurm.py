@@ -5,7 +5,9 @@ the ranks, the script only says who the first node is and which node each launch
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,11 @@ def sbatch_script(
         f"#SBATCH --job-name={job_name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
+        "# 90 s before the time limit every process gets SIGUSR1: the ranks finish their step, save a checkpoint",
+        "# and the job requeues itself (scontrol requeue); the requeued job resumes from that checkpoint",
+        "#SBATCH --signal=USR1@90",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
         f"#SBATCH --output={log_dir}/slurm-%j.out",
     ]
     if gpus_per_node:
@@ -53,6 +60,22 @@ def sbatch_script(
         "",
     ]
     return "\n".join(lines)
+
+
+def requeue() -> str:
+    """After a SIGUSR1 stop (the ranks saved a checkpoint): put this Slurm job back in the queue; it runs
+    the same script again, which resumes from that checkpoint. What was done, as a clause of one line."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return "not a Slurm job (no SLURM_JOB_ID): run it again to resume"
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"could not requeue Slurm job {job} ({e}): resubmit it to resume"
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        return f"scontrol requeue {job} failed ({why[0]}): resubmit it to resume"
+    return f"requeued Slurm job {job} (scontrol requeue): it resumes from there"
 
 
 def write_sbatch(path: Path, script: str) -> str:

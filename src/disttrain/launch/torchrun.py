@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, MutableMapping
@@ -18,6 +19,11 @@ import torch
 from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
+
+STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""Signals torchrun's agent passes on to the workers: its defaults and Slurm's time-limit warning."""
+STOPPED_CODES = (128 + signal.SIGINT, 128 + signal.SIGUSR1, 128 + signal.SIGTERM)
+"""Exit codes of a job stopped by a signal on purpose (Ctrl-C, SIGUSR1, SIGTERM): the caller says the line."""
 
 
 def device_count(device_type: str) -> int:
@@ -59,6 +65,8 @@ def torchrun_argv(
 ) -> list[str]:
     """torchrun options for ``nproc`` processes on this node; ranks > 0 go to files when ``quiet_ranks``."""
     argv = [f"--nproc-per-node={nproc}", f"--nnodes={launch.nnodes}", f"--max-restarts={launch.max_restarts}"]
+    # SIGTERM / SIGUSR1 reach the workers (they finish the step and save), who get preempt_grace_s to leave
+    argv += [f"--signals-to-handle={STOP_SIGNALS}", f"--shutdown-timeout={launch.preempt_grace_s}"]
     if launch.rdzv_endpoint:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}"]  # ranks in order of arrival
         argv += [f"--rdzv-id={os.environ.get('DISTTRAIN_RDZV_ID', 'disttrain')}"]
@@ -115,6 +123,8 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
         return 130
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode in STOPPED_CODES:  # a stop that began on another node: the ranks saved and left
+            return failure.exitcode
         where = f"; its log: {failure.error_file}" if failure.error_file and os.path.exists(failure.error_file) else ""
         who = name_rank(rank) if name_rank else f"rank {rank}"
         print(f"disttrain: {who} failed with exit code {failure.exitcode}{where}", file=sys.stderr)

@@ -26,10 +26,10 @@ from disttrain.config import JobConfig, load_toml
 from disttrain.data.text import TextData
 from disttrain.dist.env import DistEnv, destroy_distributed, init_distributed
 from disttrain.dist.mesh import ParallelDims
-from disttrain.errors import CheckpointError, ConfigError, HealthError, Terminated
+from disttrain.errors import CheckpointError, ConfigError, HealthError, Preempted
 from disttrain.health.events import attempt, health_dir, log_event, record_exit
 from disttrain.health.peers import lost_peer
-from disttrain.health.signals import STOPPING, raise_on_sigterm
+from disttrain.health.signals import STOPPING, install_stop_signals
 from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
 from disttrain.train.trainer import FitResult, Trainer
@@ -194,7 +194,7 @@ def stop_now(env: DistEnv, code: int) -> int:
 def main(run_dir: str | Path) -> int:
     """Run the job in ``run_dir``; exit codes: 0 done, 2 a mistake in the job, 3 stopped on purpose."""
     run_dir = Path(run_dir)
-    raise_on_sigterm()
+    install_stop_signals()
     cfg = load_toml(run_dir / "config.toml")
     # long collective timeout for the start-up; the Trainer sets parallel.timeout_s after the first step
     env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
@@ -213,9 +213,9 @@ def main(run_dir: str | Path) -> int:
     except KeyboardInterrupt:  # Ctrl-C (torchrun passes the SIGINT on to every worker)
         record_exit(run_dir, env.rank, "interrupted (Ctrl-C)")
         return stop_now(env, 130)
-    except Terminated as e:  # torchrun stopping this rank because another one failed: a note, no traceback
+    except Preempted as e:  # SIGTERM / SIGUSR1: every rank saved the same step; the launcher says the line
         record_exit(run_dir, env.rank, str(e))
-        return stop_now(env, 128 + signal.SIGTERM)
+        return stop_now(env, 128 + e.signum)
     except RuntimeError as e:
         if STOPPING:  # a collective broken by the other ranks stopping on the same signal
             record_exit(run_dir, env.rank, f"stopped by signal {STOPPING[0]}")
@@ -236,7 +236,5 @@ def main(run_dir: str | Path) -> int:
 if __name__ == "__main__":
     try:
         exit_now(main(sys.argv[1]))
-    except Terminated:  # torchrun's SIGTERM while a failure was being handled: it is stopping this rank anyway
-        exit_now(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         exit_now(130)

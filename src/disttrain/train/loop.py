@@ -8,6 +8,7 @@ owns the model, optimizer, data position and checkpoints it drives.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from disttrain.checkpoint import CheckpointInfo
-from disttrain.errors import HealthError
+from disttrain.errors import HealthError, Preempted
 from disttrain.health.events import log_event, restart_event
 from disttrain.health.monitor import set_collective_timeout
+from disttrain.health.signals import PREEMPT
 from disttrain.train import metrics as M
 from disttrain.train.optim import lr_lambda
 from disttrain.utils.gc import GarbageCollection
@@ -63,6 +65,8 @@ class FitLoop:
         try:
             while t.step < cfg.train.steps:
                 self.one_step()
+                if t.stop_requested and t.step < cfg.train.steps:
+                    self.preempted()
             t.health.phase("checkpoint")
             t.save_final()
         finally:
@@ -71,6 +75,17 @@ class FitLoop:
             self.sink.close()
         self.res.skipped_steps = t.skipped
         return self.res
+
+    def preempted(self) -> None:
+        """A rank got SIGTERM / SIGUSR1: every rank is past the same step; save it (synchronously, within the
+        launcher's ``launch.preempt_grace_s``) and stop."""
+        t = self.t
+        t.health.phase("checkpoint")
+        t.save_final("full")
+        signum = PREEMPT.signum or signal.SIGTERM  # 0 here: another rank got the signal
+        log_event(t.run_dir if t.env.is_main else None, "preempted", step=t.step, signal=signum)
+        self.console.print(f"stopping after step {t.step} (signal {signum}): checkpoint saved")
+        raise Preempted(t.step, signum, t.checkpoint is not None)
 
     def announce(self) -> None:
         """The opening lines: strategy, batch arithmetic, precision and peak; a resume; a restart's cause."""

@@ -32,6 +32,7 @@ from disttrain.dist.mesh import ParallelDims
 from disttrain.dist.strategy import Parallelized, parallelize
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor
+from disttrain.health.signals import PREEMPT
 from disttrain.plan.estimate import auto_strategy
 from disttrain.train import metrics as M
 from disttrain.train.loop import FitLoop, FitResult
@@ -94,6 +95,8 @@ class Trainer:
         self.scaler = make_grad_scaler(cfg.precision.dtype, self.dims, self.env.device)
         self.step = 0
         self.skipped = 0
+        self.stop_requested = False
+        """A rank got SIGTERM/SIGUSR1 (preemption): known to every rank through the step's loss all-reduce."""
         self.peak, self.peak_source = M.peak_tflops(
             self.env.device, DTYPES[cfg.precision.dtype], cfg.metrics.peak_tflops
         )
@@ -180,7 +183,9 @@ class Trainer:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # clip and measure true gradients
         grad_norm = self.model.clip_grad_norm_(self.cfg.optim.grad_clip)
-        (loss_mean,) = self._all_reduce_mean([float(loss_sum) / n])
+        # the step's one all-reduce also carries the stop signals, so every rank stops after the same step
+        loss_mean, stop = self._all_reduce_mean([float(loss_sum) / n, float(PREEMPT.requested)])
+        self.stop_requested = stop > 0
         # Both figures are global (all-reduced), so every rank takes the same decision.
         bad = self.guard.check(loss_mean, grad_norm)  # None | "nonfinite" | "spike"
         skip = bad == "spike" or (bad == "nonfinite" and self.cfg.train.skip_nonfinite)
@@ -231,8 +236,10 @@ class Trainer:
             self.checkpoint.load(self.state(), info)
         return info
 
-    def save_final(self) -> None:
-        ck, mode = self.checkpoint, self.cfg.checkpoint.save_final
+    def save_final(self, mode: str | None = None) -> None:
+        """The end of training (``checkpoint.save_final``), or ``mode="full"`` for a preemption: saved and
+        committed before this returns."""
+        ck, mode = self.checkpoint, mode or self.cfg.checkpoint.save_final
         if ck is None:
             return
         if mode == "full" and ck.last_saved_step != self.step:
