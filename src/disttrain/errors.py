@@ -23,11 +23,6 @@ class HealthError(RuntimeError):
     """Training stopped on purpose (bad steps); the message says why and what to change."""
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived: torchrun stops the other workers this way when one fails (or the job was cancelled).
-    A BaseException, so that no ``except Exception`` on the way swallows it."""
-
-
 class Preempted(RuntimeError):
     """Training stopped after a step on SIGTERM / SIGUSR1 (preemption), with a checkpoint of that step."""
 

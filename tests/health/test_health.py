@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from disttrain.config import HealthConfig
-from disttrain.errors import ConfigError, HealthError, Terminated
-from disttrain.health import HealthMonitor, StepGuard, raise_on_sigterm
+from disttrain.errors import ConfigError, HealthError
+from disttrain.health import HealthMonitor, StepGuard
 from disttrain.health import monitor as health
+from disttrain.health.signals import PREEMPT, STOPPING, install_stop_signals
 from disttrain.launch import doctor
 from disttrain.launch.debug_env import debug_env
 from disttrain.train.trainer import Trainer
@@ -273,14 +274,23 @@ def test_anomaly_preset_turns_on_autograd_anomaly_detection(make_trainer: Callab
         torch.autograd.set_detect_anomaly(False)
 
 
-def test_sigterm_becomes_an_exception_the_rank_can_note() -> None:
-    # torchrun stops the surviving ranks with SIGTERM: each must leave a note (record_exit), not vanish like
-    # the rank that really failed
-    before = signal.getsignal(signal.SIGTERM)
+def test_sigterm_and_sigusr1_ask_for_a_graceful_stop_and_ctrl_c_interrupts() -> None:
+    # SIGTERM / SIGUSR1 (preemption) only note the request: the loop finishes the step and saves; the first
+    # signal counts (Slurm and torchrun both deliver it); Ctrl-C interrupts at once
+    names = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in names}
     try:
-        raise_on_sigterm()
-        with pytest.raises(Terminated, match="stopped by the launcher"):
-            os.kill(os.getpid(), signal.SIGTERM)
+        install_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert PREEMPT.requested and PREEMPT.requeue and PREEMPT.signum == signal.SIGUSR1
+        assert STOPPING[-2:] == [signal.SIGUSR1, signal.SIGTERM]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the handler raises at the next bytecode, long before this ends
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, h in before.items():
+            signal.signal(s, h)
+        PREEMPT.signum, PREEMPT.at = 0, 0.0
+        STOPPING.clear()

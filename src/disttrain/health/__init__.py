@@ -4,7 +4,7 @@
 May import config, errors and utils; nothing from dist, train, checkpoint or launch.
 """
 
-from disttrain.errors import HealthError, Terminated
+from disttrain.errors import HealthError
 from disttrain.health.events import log_event, record_exit, restart_event
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor, set_collective_timeout
@@ -14,7 +14,6 @@ __all__ = [
     "HealthError",
     "HealthMonitor",
     "StepGuard",
-    "Terminated",
     "install_stop_signals",
     "log_event",
     "record_exit",
