@@ -35,10 +35,10 @@ def launch(a: Host, b: Host, args: list[str]) -> list[subprocess.Popen[str]]:
     return [h.disttrain(*args, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate((a, b))]
 
 
-def finish(procs: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
     out = []
     for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
+        stdout, stderr = p.communicate(timeout=timeout)
         out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
     return out
 
@@ -113,3 +113,25 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_both_resume_bitwise(
             again += 1
         first[r["step"]] = r["loss"]
     assert sorted(first) == list(range(1, 13)) and again >= 2, (sorted(first), again)
+
+
+def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resumes(
+    tmp_path: Path, small_text: Path
+) -> None:
+    args = job(small_text, tmp_path, "cut", 10, "--parallel.strategy", "hsdp", "--parallel.timeout-s", "8")
+    with two_hosts() as (a, b):
+        procs = launch(a, b, args)
+        wait_for_step(tmp_path / "cut", 5)
+        a.link(up=False)  # the network between the hosts goes down; both hosts live on
+        cut = time.monotonic()
+        ra, rb = finish(procs, timeout=90)
+        took = time.monotonic() - cut
+        a.link(up=True)
+        assert ra.returncode != 0 and rb.returncode != 0 and took < 60, (ra.returncode, rb.returncode, took)
+        assert f"lost contact with {b.addr}" in ra.stderr and f"lost contact with {a.addr}" in rb.stderr
+        for r in (ra, rb):
+            assert "Traceback" not in r.stderr, r.stderr[-3000:]
+        ra, rb = on_two_hosts(a, b, args)  # the link is back: started again, the job resumes
+        assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(set(steps)) == list(range(1, 11)), steps

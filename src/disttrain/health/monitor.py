@@ -200,9 +200,10 @@ class HealthMonitor:
             self.phase("done")
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=5 * self.cfg.heartbeat_s + 5)
+            # after a failure the store may be out of reach (a cut link, a lost node): never wait on it then
+            self._thread.join(timeout=5 * self.cfg.heartbeat_s + 5 if finished else 1.0)
             self._thread = None
-            self._beat(final=finished)
+            self._beat(final=True, publish=finished)
         self._drop_backstop()
 
     def _drop_backstop(self) -> None:
@@ -230,7 +231,7 @@ class HealthMonitor:
                 if failures == 3:
                     log.warning("health: heartbeat store unreachable (%s: %s)", type(e).__name__, e)
 
-    def _beat(self, final: bool = False) -> None:
+    def _beat(self, final: bool = False, publish: bool = True) -> None:
         step, phase, since = self._state
         beat = {
             "rank": self.rank,
@@ -242,11 +243,12 @@ class HealthMonitor:
             "stats": self._published,
         }
         try:
-            self._store.set(f"hb/{self.rank}", json.dumps(beat))
+            if publish:
+                self._store.set(f"hb/{self.rank}", json.dumps(beat))
         except Exception:
             if not final:
                 raise
-        if final:
+        if final and publish:
             beat["exit"] = "finished"
         write_state(self.run_dir, self.rank, beat)  # keeps an exit reason (a hang verdict's) recorded first
 

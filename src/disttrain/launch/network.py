@@ -54,7 +54,9 @@ def endpoint_parts(endpoint: str) -> tuple[str, int]:
 
 
 def set_interface_env(env: MutableMapping[str, str], local_addr: str) -> None:
-    """Point gloo and TensorPipe at the interface holding ``local_addr`` (unless ``env`` already does)."""
+    """Point gloo and TensorPipe at the interface holding ``local_addr`` (unless ``env`` already does); the
+    workers learn this node's address as ``DISTTRAIN_NODE_ADDR`` (to name it when another node loses it)."""
+    env["DISTTRAIN_NODE_ADDR"] = local_addr
     name = interface_of(local_addr)
     if name is not None:
         env.setdefault("GLOO_SOCKET_IFNAME", name)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import torch
 from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.config import JobConfig, to_toml
 from disttrain.launch import worker
+from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.resolve import plan_and_resolve
 from disttrain.launch.slurm import requeue
@@ -58,7 +60,9 @@ def launch_job(cfg: JobConfig) -> int:
         code = worker.main(run_dir)
     else:
         argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
-        code = run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
+        endpoint = cfg.launch.rdzv_endpoint
+        with AgentWatch(run_dir, endpoint) if endpoint else contextlib.nullcontext():
+            code = run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
     if code in STOPPED_CODES:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a second Ctrl-C must not cut the line
         line = interrupted(cfg, run_dir, code)

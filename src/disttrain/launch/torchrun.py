@@ -18,6 +18,7 @@ import torch
 
 from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
+from disttrain.health.peers import PEER_LOST_EXIT
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
 
 STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -125,6 +126,8 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
         rank, failure = e.get_first_failure()
         if failure.exitcode in STOPPED_CODES:  # a stop that began on another node: the ranks saved and left
             return failure.exitcode
+        if failure.exitcode == PEER_LOST_EXIT:  # the rank said which node it lost and how to resume
+            return PEER_LOST_EXIT
         where = f"; its log: {failure.error_file}" if failure.error_file and os.path.exists(failure.error_file) else ""
         who = name_rank(rank) if name_rank else f"rank {rank}"
         print(f"disttrain: {who} failed with exit code {failure.exitcode}{where}", file=sys.stderr)

@@ -28,7 +28,7 @@ from disttrain.dist.env import DistEnv, destroy_distributed, init_distributed
 from disttrain.dist.mesh import ParallelDims
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Preempted
 from disttrain.health.events import attempt, health_dir, log_event, record_exit
-from disttrain.health.peers import lost_peer
+from disttrain.health.peers import PEER_LOST_EXIT, learn_nodes, lost_peer, other_nodes
 from disttrain.health.signals import STOPPING, install_stop_signals
 from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
@@ -174,7 +174,7 @@ def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str)
         pass
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    return stop_now(env, 4)
+    return stop_now(env, PEER_LOST_EXIT)
 
 
 def node_marker(run_dir: Path) -> Path:
@@ -200,6 +200,7 @@ def main(run_dir: str | Path) -> int:
     env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
     setup_logging(run_dir, env.rank)
     try:
+        learn_nodes()
         return train_job(cfg, env, run_dir)
     except (ConfigError, CheckpointError) as e:
         if env.is_main:
@@ -225,7 +226,7 @@ def main(run_dir: str | Path) -> int:
         if lost is None or (interface_of(lost[0]) is not None and not node_marker(run_dir).exists()):
             record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
             raise
-        return peer_lost(cfg, env, run_dir, *lost)
+        return peer_lost(cfg, env, run_dir, other_nodes() if lost[0] == "a peer" else lost[0], lost[1])
     except BaseException as e:  # noted for the restart log, then torchrun sees the failure
         record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
         raise
