@@ -135,3 +135,24 @@ def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resume
         assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert sorted(set(steps)) == list(range(1, 11)), steps
+
+
+def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_text: Path) -> None:
+    run = tmp_path / "el"
+    args = job(small_text, tmp_path, "el", 12, "--parallel.strategy", "fsdp", "--launch.max-restarts", "1",
+               "--launch.elastic-wait-s", "5")  # fmt: skip
+    with two_hosts() as (a, b):
+        nodes = ["--parallel.nproc", "2", "--launch.nnodes", "1:2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}"]
+        procs = [h.disttrain(*args, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate((a, b))]
+        wait_for_step(run, 6)
+        b.kill_all()
+        died = time.monotonic()
+        ra = finish(procs[:1], timeout=200)[0]
+        procs[1].communicate(timeout=30)
+    assert ra.returncode == 0, ra.stderr[-3000:]
+    said = "\n".join(x for x in ra.stderr.splitlines() if "hostname of the client socket" not in x)
+    assert f"lost contact with {b.addr}" in said and "resuming with the nodes that are left" in said, said
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in recs}) == list(range(1, 13))
+    restart = [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
+    print("elastic: training again", time.monotonic() - died, "s after the host died;", restart[-3:])

@@ -94,12 +94,18 @@ class LaunchConfig:
     """host:port of the rendezvous (multi-node)."""
     max_restarts: int = 0
     """Restart the whole group this many times after a failure."""
+    elastic_wait_s: int = 30
+    """An elastic job (``nnodes`` MIN:MAX): once MIN nodes have joined a rendezvous round (the start, or a
+    restart after a node left), how long it waits for more before the ranks start (torchrun's
+    last_call_timeout). Shorter: training goes on sooner after a node is lost; longer: nodes that start late
+    are in from the first round instead of joining with a restart."""
     preempt_grace_s: int = 30
     """SIGTERM / SIGUSR1 (preemption): how long the ranks get to finish their step and save a checkpoint
     before the launcher kills them (Slurm's KillWait and Kubernetes' grace period are 30 s by default)."""
 
     def __post_init__(self) -> None:
         check(self.max_restarts >= 0, f"launch.max_restarts must be >= 0, got {self.max_restarts}")
+        check(self.elastic_wait_s >= 1, f"launch.elastic_wait_s must be >= 1 second, got {self.elastic_wait_s}")
         check(self.preempt_grace_s >= 1, f"launch.preempt_grace_s must be >= 1 second, got {self.preempt_grace_s}")
         parts = self.nnodes.split(":")
         check(

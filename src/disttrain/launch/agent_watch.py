@@ -36,8 +36,11 @@ def live_children(pid: int) -> list[int]:
 class AgentWatch:
     """A daemon thread that ends this launcher when its agent outstays a lost node (see the module doc)."""
 
-    def __init__(self, run_dir: Path, endpoint: str, grace_s: float = 10.0, poll_s: float = 0.5) -> None:
+    def __init__(
+        self, run_dir: Path, endpoint: str, last_attempt: int, grace_s: float = 10.0, poll_s: float = 0.5
+    ) -> None:
         self.run_dir, self.endpoint, self.grace_s, self.poll_s = run_dir, endpoint, grace_s, poll_s
+        self.last_attempt = last_attempt  # the loss of a node ends the job only then (torchrun restarts before)
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="disttrain-agent-watch", daemon=True)
@@ -50,8 +53,10 @@ class AgentWatch:
         self._stop.set()
 
     def lost(self) -> bool:
-        """A rank of this job recorded a lost node since this launcher started."""
-        return any(p.stat().st_mtime >= self.started - 1 for p in health_dir(self.run_dir).glob("peer-lost-*"))
+        """A rank of this job recorded a lost node in the last attempt torchrun makes, since this launcher
+        started."""
+        markers = health_dir(self.run_dir).glob(f"peer-lost-attempt{self.last_attempt}-*")
+        return any(p.stat().st_mtime >= self.started - 1 for p in markers)
 
     def _loop(self) -> None:
         idle_since: float | None = None

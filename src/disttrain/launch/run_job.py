@@ -61,7 +61,7 @@ def launch_job(cfg: JobConfig) -> int:
     else:
         argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
         endpoint = cfg.launch.rdzv_endpoint
-        with AgentWatch(run_dir, endpoint) if endpoint else contextlib.nullcontext():
+        with AgentWatch(run_dir, endpoint, cfg.launch.max_restarts) if endpoint else contextlib.nullcontext():
             code = run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
     if code in STOPPED_CODES:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a second Ctrl-C must not cut the line

@@ -77,10 +77,15 @@ def torchrun_argv(
         # hosts share one (containers, network namespaces, one test machine) or the endpoint is an address,
         # and two nodes that both guess "me" race for the port. Node 0 hosts it when the endpoint is one of
         # its own addresses; other node ranks never do (a node left at the default rank 0 keeps the guess).
+        conf = {}
         if launch.node_rank != 0:
-            argv += ["--rdzv-conf=is_host=false"]
+            conf["is_host"] = "false"
         elif is_local(host):
-            argv += ["--rdzv-conf=is_host=true"]
+            conf["is_host"] = "true"
+        if ":" in launch.nnodes:  # elastic: once MIN nodes are in, how long a round waits for more
+            conf["last_call_timeout"] = str(launch.elastic_wait_s)
+        if conf:
+            argv += ["--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items())]
     else:
         if launch.nnodes != "1":
             raise ConfigError(

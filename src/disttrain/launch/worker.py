@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -157,23 +156,23 @@ def checkpoints_folder_of(cfg: JobConfig, run_dir: Path) -> Path:
 
 
 def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str) -> int:
-    """One line per node (its first rank) instead of a traceback per rank: who was lost, what to do."""
+    """One line per node (its local rank 0, whose output is the console's) instead of a traceback per rank:
+    who was lost, what happens next."""
     usable = [c for c in list_checkpoints(checkpoints_folder_of(cfg, run_dir)) if c.usable]
     newest = f"the newest checkpoint is step {usable[-1].step}" if usable else "no checkpoint yet"
-    msg = (f"lost contact with {addr} ({what}): a node of this job went away or its link is down; this node "
-           f"stops ({newest}; start the job on every node again to resume)")  # fmt: skip
+    left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - attempt()
+    if left > 0:  # torchrun restarts the ranks: a new rendezvous round, then a resume
+        nodes = "with the nodes that are left" if ":" in cfg.launch.nnodes else "once every node is back"
+        start = f"step {usable[-1].step}" if usable else "the start (no checkpoint yet)"
+        then = f"restarting ({left} restart(s) left), resuming {nodes} from {start}"
+    else:
+        then = f"this node stops ({newest}; start the job on every node again to resume)"
+    msg = f"lost contact with {addr} ({what}): a node of this job went away or its link is down; {then}"
     record_exit(run_dir, env.rank, msg)
     log_event(run_dir, "peer_lost", rank=env.rank, peer=addr, cause=what)
-    # the first rank of this node to see it says it, once; torchrun's SIGTERM (sent when another local rank
-    # exits first) waits until the line is out, or the marker would be made and the line lost
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    try:
-        node_marker(run_dir).touch(exist_ok=False)
+    node_marker(run_dir).touch()
+    if env.local_rank == 0:
         print(f"disttrain: rank {env.rank}: {msg}", file=sys.stderr, flush=True)
-    except FileExistsError:
-        pass
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return stop_now(env, PEER_LOST_EXIT)
 
 
@@ -223,10 +222,11 @@ def main(run_dir: str | Path) -> int:
             return stop_now(env, 128 + STOPPING[0])
         lost = lost_peer(e)
         # a rank of this node that died is torchrun's to report, unless this node already lost another node
-        if lost is None or (interface_of(lost[0]) is not None and not node_marker(run_dir).exists()):
+        local = lost is not None and interface_of(lost[0]) is not None
+        if lost is None or (local and not node_marker(run_dir).exists()):
             record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
             raise
-        return peer_lost(cfg, env, run_dir, other_nodes() if lost[0] == "a peer" else lost[0], lost[1])
+        return peer_lost(cfg, env, run_dir, other_nodes() if local or lost[0] == "a peer" else lost[0], lost[1])
     except BaseException as e:  # noted for the restart log, then torchrun sees the failure
         record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
         raise
