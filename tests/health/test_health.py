@@ -244,8 +244,8 @@ def test_doctor_fails_on_a_taken_port_and_an_unreachable_endpoint(capsys: pytest
         proc = disttrain("doctor", "--quick", "--port", str(port), timeout=60)
         assert proc.returncode == 1 and "FAIL  port" in proc.stdout and "fix:" in proc.stdout
     closed = port  # nothing listens there any more
-    (rdzv,) = doctor.check_rendezvous(f"127.0.0.1:{closed}", node_rank=1, timeout_s=1)
-    assert rdzv.status == "FAIL" and "cannot reach" in rdzv.detail and "start node 0 first" in rdzv.fix
+    (rdzv,) = doctor.check_rendezvous(f"127.0.0.1:{closed}", node_rank=1, timeout_s=1, wait_s=1)
+    assert rdzv.status == "FAIL" and "cannot reach" in rdzv.detail and "on node 0 too" in rdzv.fix
     (dns,) = doctor.check_rendezvous("no-such-host.invalid:29400", node_rank=1)
     assert dns.status == "FAIL" and "cannot resolve" in dns.detail
     assert doctor.report([*checks[:2], rdzv], as_json=False) == 1

@@ -156,3 +156,16 @@ def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_tex
     assert sorted({r["step"] for r in recs}) == list(range(1, 13))
     restart = [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
     print("elastic: training again", time.monotonic() - died, "s after the host died;", restart[-3:])
+
+
+def test_doctor_across_two_hosts_checks_the_rendezvous_clocks_and_the_link() -> None:
+    with two_hosts() as (a, b):
+        procs = [h.disttrain("doctor", "--launch.nnodes", "2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}",
+                             "--launch.node-rank", str(r)) for r, h in enumerate((a, b))]  # fmt: skip
+        ra, rb = finish(procs, timeout=200)
+    assert ra.returncode == 0 and rb.returncode == 0, ra.stdout + ra.stderr[-2000:] + rb.stdout + rb.stderr[-2000:]
+    lines = {x.split()[1]: x for x in ra.stdout.splitlines() if x[:4] in ("OK  ", "WARN", "FAIL")}
+    assert "this node (rank 0) will host it" in lines["rendezvous"], ra.stdout
+    assert "2 nodes agree within" in lines["clocks"] and lines["clocks"].startswith("OK"), ra.stdout
+    assert "all-reduce across nodes" in lines["inter-node"] and "within a node" in lines["inter-node"], ra.stdout
+    assert f"{a.addr}:{PORT} answers" in rb.stdout and "joined the test" in rb.stdout, rb.stdout

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from disttrain.launch.network import is_local
 from disttrain.utils.process import run_and_exit
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -159,20 +160,9 @@ def check_port(port: int, what: str, severity: Status = "FAIL") -> Check:
     )
 
 
-def _is_local(host: str) -> bool:
-    try:
-        addrs = {str(ai[4][0]) for ai in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    local = {"127.0.0.1", "::1", "0.0.0.0"}
-    with contextlib.suppress(OSError):
-        local |= {str(ai[4][0]) for ai in socket.getaddrinfo(socket.gethostname(), None)}
-    return any(a in local or a.startswith("127.") for a in addrs)
-
-
-def check_rendezvous(endpoint: str | None, node_rank: int, timeout_s: float = 3.0) -> list[Check]:
+def check_rendezvous(endpoint: str | None, node_rank: int, timeout_s: float = 3.0, wait_s: float = 30.0) -> list[Check]:
     """No endpoint: one node, torchrun picks a free port. Node 0 on its own address: the port must be free
-    (it will host the store); any other node: the endpoint must answer."""
+    (it will host the store); any other node: the endpoint must answer within ``wait_s``."""
     if not endpoint:
         return [Check("rendezvous", "OK", "single node (standalone): torchrun picks a free port")]
     host, _, port_s = endpoint.rpartition(":")
@@ -197,23 +187,27 @@ def check_rendezvous(endpoint: str | None, node_rank: int, timeout_s: float = 3.
                 "check the host name (or use its IP address), and that every node uses the same endpoint",
             )
         ]
-    if node_rank == 0 and _is_local(host):
+    if node_rank == 0 and is_local(host):
         if port_is_free(port):
             return [Check("rendezvous", "OK", f"{endpoint}: this node (rank 0) will host it; the port is free")]
         return [check_port(port, f"node 0 hosts the rendezvous on {endpoint}")]
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError as e:
-        return [
-            Check(
-                "rendezvous",
-                "FAIL",
-                f"cannot reach {endpoint} ({type(e).__name__}: {e})",
-                "start node 0 first (it hosts the rendezvous); check the address, the port, and the firewall",
-            )
-        ]
-    return [Check("rendezvous", "OK", f"{endpoint} answers")]
+    deadline = time.monotonic() + wait_s  # node 0 may start a little later: its doctor opens the port
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return [Check("rendezvous", "OK", f"{endpoint} answers")]
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                return [
+                    Check(
+                        "rendezvous",
+                        "FAIL",
+                        f"cannot reach {endpoint} within {wait_s:.0f}s ({type(e).__name__}: {e})",
+                        "start `disttrain doctor` on node 0 too (it hosts the rendezvous); check the address, the "
+                        "port, and the firewall",
+                    )
+                ]
+            time.sleep(0.5)
 
 
 # -- the multi-process part: collectives and RPC, through torchrun ------------------------------------------
@@ -258,11 +252,55 @@ def worker(out_dir: str) -> None:
         size = 64 * 2**20 if backend == "nccl" else 16 * 2**20
         res[f"{backend}_all_reduce"] = _bandwidth("all_reduce", size, dev)
         res[f"{backend}_all_gather"] = _bandwidth("all_gather", size // world, dev)
+    res.update(_across_nodes(devices[-1][1]))
     res["rpc_ms"] = _rpc_ping(rank, world)
     if rank == 0:
         Path(out_dir, "result.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> dict[str, Any]:
+    """Several nodes: the clock offsets between them (each rank's wall clock read just after a barrier, the
+    median of 5 rounds) and all-reduce bandwidth within a node vs across nodes (local rank 0 of each)."""
+    nodes, local = int(os.environ.get("GROUP_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if nodes < 2 or dist.get_world_size() != nodes * local:
+        return {}
+    me, world = dist.get_rank(), dist.get_world_size()
+    rounds = []
+    for _ in range(5):
+        stamp = [0.0] * world
+        dist.barrier()
+        dist.all_gather_object(stamp, time.time())
+        rounds.append(max(stamp) - min(stamp))
+    out: dict[str, Any] = {"nodes": nodes, "clock_skew_s": statistics.median(rounds)}
+    ranks_of = [list(range(n * local, (n + 1) * local)) for n in range(nodes)]
+    intra = [dist.new_group(r) for r in ranks_of]  # every rank makes every group, in the same order
+    inter = dist.new_group([r[0] for r in ranks_of])
+    node = me // local
+    if local > 1:
+        out["intra_all_reduce"] = _group_bandwidth(intra[node], ranks_of[node], nbytes, device)
+    if me % local == 0:
+        out["inter_all_reduce"] = _group_bandwidth(inter, [r[0] for r in ranks_of], nbytes, device)
+    dist.barrier()
+    return out
+
+
+def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.device, iters: int = 5) -> float:
+    """Payload GB/s per rank of an all-reduce of ``nbytes`` within ``group``."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    times = []
+    for i in range(iters + 1):
+        dist.barrier(group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
 
 
 def _rpc_ping(rank: int, world: int) -> float | None:
@@ -338,9 +376,32 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
                 else "",
             )
         )
+    out += check_nodes(res)
     out.append(
         Check("rpc", "OK", f"ping rank 0 -> rank {world - 1}: {res['rpc_ms']:.2f} ms ({took:.0f}s for the test)")
     )
+    return out
+
+
+MAX_SKEW_S = 1.0
+"""Clocks further apart than this make logs, heartbeats and checkpoint times across nodes misleading."""
+
+
+def check_nodes(res: dict[str, Any]) -> list[Check]:
+    """Clocks and inter- vs intra-node bandwidth, from node 0's figures (several nodes only)."""
+    if "nodes" not in res:
+        return []
+    skew = res["clock_skew_s"]
+    bad = skew > MAX_SKEW_S
+    out = [Check("clocks", "WARN" if bad else "OK", f"{res['nodes']} nodes agree within {skew * 1e3:.1f} ms",
+                 "sync the clocks (chrony / NTP) on every node" if bad else "")]  # fmt: skip
+    inter, intra = res.get("inter_all_reduce"), res.get("intra_all_reduce")
+    if inter is not None:
+        vs = f"; within a node {intra:.2f} GB/s ({intra / inter:.1f}x)" if intra else ""
+        slow = inter < SLOW_GBPS["gloo"]
+        out.append(Check("inter-node", "WARN" if slow else "OK", f"all-reduce across nodes {inter:.2f} GB/s{vs}",
+                         "slow link between nodes: check the interface torchrun uses (--local-addr, "
+                         "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) and the network" if slow else ""))  # fmt: skip
     return out
 
 
