@@ -5,6 +5,8 @@ disappears stops the other with a message instead of a hang, and both resume fro
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -169,3 +171,23 @@ def test_doctor_across_two_hosts_checks_the_rendezvous_clocks_and_the_link() -> 
     assert "2 nodes agree within" in lines["clocks"] and lines["clocks"].startswith("OK"), ra.stdout
     assert "all-reduce across nodes" in lines["inter-node"] and "within a node" in lines["inter-node"], ra.stdout
     assert f"{a.addr}:{PORT} answers" in rb.stdout and "joined the test" in rb.stdout, rb.stdout
+
+
+def test_sigterm_on_one_host_saves_the_same_step_on_both_and_the_job_resumes(tmp_path: Path, small_text: Path) -> None:
+    run = tmp_path / "pre"
+    args = job(small_text, tmp_path, "pre", 40, "--parallel.strategy", "hsdp")
+    with two_hosts() as (a, b):
+        procs = launch(a, b, args)
+        wait_for_step(run, 6)
+        os.kill(procs[0].pid, signal.SIGTERM)  # host A is preempted: its launcher gets SIGTERM (ip netns exec
+        ra, rb = finish(procs, timeout=120)  # execs it, so the pid is the launcher's); B only learns it in-step
+        last = max(json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines())
+        for r in (ra, rb):
+            said = [x for x in r.stderr.splitlines() if x.startswith("disttrain: ")]
+            assert r.returncode == 143 and len(said) == 1, (r.returncode, r.stderr[-3000:])
+            assert said[0].startswith(f"disttrain: terminated (SIGTERM) at step {last}; newest complete checkpoint: "
+                                      f"step {last};"), said  # fmt: skip
+        ra, rb = on_two_hosts(a, b, args)
+        assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 41)), steps  # on from the saved step: none lost, none twice
