@@ -1,7 +1,7 @@
 """Stop signals as users' terminals and schedulers send them, to the real `disttrain run` on 2 ranks:
 Ctrl-C (twice) ends every rank within seconds with one line and no traceback; SIGTERM (preemption) makes
-every rank finish its step and save it before leaving, and the job resumes from there; SIGUSR1 (Slurm's
-time-limit warning, to every process) saves the same way and requeues the job with `scontrol requeue`."""
+every rank finish its step and save it before leaving, and the job resumes from there. (SIGUSR1 and the
+Slurm requeue: tests/multinode/test_slurm.py; both across two hosts: tests/multinode/test_two_hosts.py.)"""
 
 from __future__ import annotations
 
@@ -89,23 +89,3 @@ def test_sigterm_saves_the_step_every_rank_finished_and_the_job_resumes_there(tm
                            capture_output=True, text=True, timeout=200)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert steps_done(run) == list(range(1, last + 3))  # on from the saved step, none twice
-
-
-def test_sigusr1_saves_and_requeues_the_slurm_job(tmp_path: Path, small_text: Path) -> None:
-    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
-    (bin_dir / "scontrol").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
-    run = tmp_path / "usr1"
-    proc = start(job(tmp_path, small_text, "usr1"), env)
-    wait_for_steps(run, 6)
-    os.killpg(proc.pid, signal.SIGUSR1)  # Slurm's --signal=USR1@90 reaches every process of the step
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 138, (proc.returncode, err[-3000:])
-    last = max(steps_done(run))
-    line = one_line(err)
-    assert f"preempted (SIGUSR1) at step {last}; newest complete checkpoint: step {last}" in line, line
-    assert "requeued Slurm job 4242" in line, line
-    assert calls.read_text().split() == ["requeue", "4242"]
-    assert newest_checkpoint(run) == last
