@@ -10,14 +10,17 @@ Every strategy trains the same GPT (4 blocks, width 256, context 64, fp32) with 
 - tokens/s: from the run's ``metrics.jsonl`` (one record per step), steps after the warm-up only;
 - bytes across the boundary: host A's veth counters (tx + rx), sampled every 10 ms by a process inside host
   A and read at the times of the records of the first and last measured step, so start-up, the final
-  evaluation and the final save are left out (the whole job's bytes / steps are in the JSON too);
+  evaluation and the final save are left out (the last column: the whole job's bytes / steps);
 - death to error: on a fresh pair of hosts without the limit, an HSDP job (``--parallel.timeout-s 20``,
   a checkpoint every 4 steps) loses host B (every process SIGKILLed) at step 6; we time host A's launcher
   until it exits and check its stderr says "lost contact with".
 
-All 4 ranks share this machine's cores: compute is not faster with more ranks here, the link is what differs.
+All 4 ranks share this machine's cores, so sharding's own work (collectives inside a node) weighs more than it
+would on real hosts; the bytes across the link do not depend on that.
 
-    .venv/bin/python benchmarks/bench_multinode.py [--steps 30] [--repeats 1] [--rate 1gbit]
+    .venv/bin/python benchmarks/bench_multinode.py [--steps 30] [--repeats 1] [--rate 1gbit]  # as root
+
+(the figures in docs/benchmarks.md: ``--repeats 2``, about 5 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -303,13 +306,18 @@ def report(
     n_params = runs[0]["n_params"]
     model_mb = n_params * 4 / 1e6
     rows = [[s, med[s]["tokens_per_s"], med[s]["tokens_per_s"] / ref["tokens_per_s"], med[s]["bytes_per_step"] / 1e6,
-             med[s]["bytes_per_step"] / ref["bytes_per_step"]] for s in strategies]  # fmt: skip
-    head = ["strategy", "tokens/s", "ratio to DDP", "MB across the node boundary / step", "ratio to DDP"]
+             med[s]["bytes_per_step"] / ref["bytes_per_step"], med[s]["whole_job_bytes_per_step"] / 1e6]
+            for s in strategies]  # fmt: skip
+    head = ["strategy", "tokens/s", "ratio to DDP", "MB across the node boundary / step", "ratio to DDP",
+            "whole job's MB / step"]  # fmt: skip
     title = (
         f"2 hosts x 2 ranks, link {args.rate} each way; GPT {n_params:,} params = {model_mb:.2f} MB fp32; "
         f"global batch 16 x 64 tokens; steps {WARMUP}-{args.steps} of {args.steps}, median of {args.repeats}"
     )
     C.table(head, rows, title=title)
+    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for row in rows:
+        print(f"| {row[0]} | {row[1]:,.0f} | {row[2]:.2f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.1f} |")
     print(THEORY, flush=True)
     if death is not None:
         print(f"node death -> error on host A: {death['seconds']:.1f} s, exit code {death['exit_code']}, "

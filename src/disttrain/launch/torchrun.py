@@ -84,6 +84,8 @@ def torchrun_argv(
             conf["is_host"] = "true"
         if ":" in launch.nnodes:  # elastic: once MIN nodes are in, how long a round waits for more
             conf["last_call_timeout"] = str(launch.elastic_wait_s)
+            # a dead node leaves the rendezvous after 3 missed keep-alives: 6 s instead of torchrun's 15
+            conf["keep_alive_interval"] = "2"
         if conf:
             argv += ["--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items())]
     else:
