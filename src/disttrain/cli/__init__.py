@@ -20,9 +20,10 @@ commands:
   doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
   ps       a click-through-rate model trained against parameter servers: disttrain ps --servers 2 --trainers 2
   rl       actors + a learner on RPC solve a gymnasium environment: disttrain rl --env-id CartPole-v1
+  report   plots and one HTML page for run folders (several: overlaid), or --live while a job runs
 """
 
-COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps", "rl")
+COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps", "rl", "report")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
+from disttrain.errors import ConfigError
 from disttrain.models.outputs import logits_of
 
 # Dense (no sparsity) peak TFLOP/s for bf16/fp16 tensor-core matmuls.
@@ -110,8 +111,8 @@ class MetricsSink:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
                 except ImportError:
-                    raise RuntimeError(
-                        "metrics.tensorboard needs the tensorboard package: pip install tensorboard"
+                    raise ConfigError(
+                        "metrics.tensorboard needs the tensorboard package: pip install 'disttrain[tensorboard]'"
                     ) from None
 
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
@@ -119,10 +120,16 @@ class MetricsSink:
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
-        if self.tb is not None:
+        if self.tb is not None:  # the names of metrics.jsonl; a per-rank list becomes one tag per rank
+            step = record.get("step", 0)
             for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self.tb.add_scalar(k, v, record.get("step", 0))
+                if k == "step" or isinstance(v, bool):
+                    continue
+                if isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, step)
+                elif isinstance(v, list) and all(isinstance(x, (int, float)) for x in v):
+                    for r, x in enumerate(v):
+                        self.tb.add_scalar(f"{k}/rank{r}", x, step)
 
     def close(self) -> None:
         if self.file is not None:

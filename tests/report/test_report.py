@@ -1,0 +1,143 @@
+"""`disttrain report`: two real runs (one process and DDP on 2 ranks, the second with TensorBoard files)
+compared in one page whose table equals their metrics; a run cut short mid-write still reports; TensorBoard
+files read back equal metrics.jsonl; headless Chromium opens the page from disk and the live page over HTTP
+with every image decoded and no console error."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from disttrain.report import load_run
+from disttrain.report.page import final_figures
+
+from conftest import BIN, child_env, disttrain, tiny_cli_args
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("report")
+    common = ["--run.root", str(root), "--checkpoint.interval", "3", "--metrics.progress", "off",
+              "--train.eval-interval", "3"]  # fmt: skip
+    one = disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "one", "--parallel.nproc", "1"))
+    two = disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "ddp", "--parallel.nproc", "2",
+                                   "--parallel.strategy", "ddp", "--metrics.tensorboard"))  # fmt: skip
+    assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    return root / "one", root / "ddp"
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def cells(page: str) -> dict[tuple[str, str], str]:
+    return {(r, k): v for r, k, v in re.findall(r'<td data-run="([^"]+)" data-key="([^"]+)">([^<]*)</td>', page)}
+
+
+def test_a_two_run_report_has_every_plot_and_the_runs_numbers(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    proc = disttrain("report", *map(str, runs), "-o", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    plots = set(re.findall(r'data-plot="([^"]+)"', page))
+    want = {"loss", "loss_vs_tokens", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_bytes",
+            "checkpoints"}  # fmt: skip
+    assert want <= plots, plots
+    assert {p.stem for p in (tmp_path / "cmp" / "plots").glob("*.png")} == plots
+    table = cells(page)
+    for run in runs:
+        last = [r for r in records(run) if "loss" in r][-1]
+        for key in ("loss", "grad_norm", "tokens_per_s", "mfu"):
+            assert float(table[(run.name, key)]) == pytest.approx(last[key], rel=1e-5), key
+        val = [r["val_loss"] for r in records(run) if "val_loss" in r][-1]
+        assert float(table[(run.name, "val_loss")]) == pytest.approx(val, rel=1e-5)
+    assert "strategy <b>ddp</b>" in page and "http" not in page.split("<style>")[0].lower().replace("http-equiv", "")
+
+
+def test_a_metrics_file_cut_short_still_reports_with_a_warning(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    cut = tmp_path / "cut"
+    shutil.copytree(runs[0], cut)
+    text = (cut / "metrics.jsonl").read_text()
+    (cut / "metrics.jsonl").write_text(text[: len(text) - 40])  # the last line half written
+    proc = disttrain("report", str(cut))
+    assert proc.returncode == 0, proc.stderr
+    assert "line 6 is not valid JSON (cut short" in proc.stderr, proc.stderr
+    assert (cut / "report" / "report.html").is_file() and (cut / "report" / "plots" / "loss.png").is_file()
+    assert final_figures(load_run(cut))["last_step"] == 5
+    bad = disttrain("report", str(tmp_path))
+    assert bad.returncode == 2 and "not a run folder" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tensorboard_files_equal_metrics_jsonl(runs: tuple[Path, Path]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(runs[1] / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    recs = records(runs[1])
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "val_loss"):
+        want = [(r["step"], r[key]) for r in recs if key in r]
+        got = [(e.step, e.value) for e in acc.Scalars(key)]
+        assert [s for s, _ in got] == [s for s, _ in want], key
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), key
+    assert {"peak_memory_bytes/rank0", "peak_memory_bytes/rank1"} <= tags, tags  # per-rank: a tag each
+
+
+def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("no chromium (Debian package `chromium`; `make setup` installs it as root)")
+    # 3 s of virtual time for scripts and images, less than the live page's refresh (it would reload)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
+             f"--user-data-dir={profile}"]  # fmt: skip
+    return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=90)
+
+
+def check_in_browser(url: str, shot: Path, plots: int) -> None:
+    dom = chromium(shot.parent / "chromium", "--dump-dom", url)
+    body = re.search(r"<body[^>]*>", dom.stdout)
+    assert body is not None, dom.stderr[-2000:]
+    assert f'data-images="{plots}"' in body.group(0) and 'data-broken-images="0"' in body.group(0), body.group(0)
+    errors = [x for x in dom.stderr.splitlines() if ":CONSOLE" in x]
+    assert errors == [], errors
+    chromium(shot.parent / "chromium", f"--screenshot={shot}", "--window-size=1200,1600", url)
+    assert shot.is_file() and shot.stat().st_size > 20_000
+
+
+def test_chromium_shows_the_report_from_disk_and_live(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    run = tmp_path / "live"
+    shutil.copytree(runs[1], run)
+    assert disttrain("report", str(run)).returncode == 0
+    page = run / "report" / "report.html"
+    n = len(list((run / "report" / "plots").glob("*.png")))
+    check_in_browser(page.as_uri(), tmp_path / "disk.png", n)
+    server = subprocess.Popen([str(BIN / "disttrain"), "report", "--live", "--port", "0", "--refresh-s", "10",
+                               str(run)], env=child_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url is not None, line
+        check_in_browser(url.group(0), tmp_path / "live.png", n)
+        first = urllib.request.urlopen(url.group(0), timeout=30).read().decode()
+        assert '<meta http-equiv="refresh" content="10">' in first
+        # the job goes on: a new record shows up at the next request
+        last = records(run)[-1]
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({**last, "step": 7, "loss": 1.25}) + "\n")
+        time.sleep(0.05)
+        again = urllib.request.urlopen(url.group(0), timeout=30).read().decode()
+        assert cells(again)[("live", "last_step")] == "7" and cells(again)[("live", "loss")] == "1.25"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
