@@ -9,9 +9,12 @@ STAMP  := $(VENV)/.installed
 # The venv, torch (CPU build pinned for machines without GPUs, unless a torch is already in the venv),
 # then the project itself, editable, with its dev tools.
 $(STAMP): pyproject.toml requirements/torch-cpu.txt
-	@# the multi-node tests make their hosts with `ip netns` (iproute2); installed when missing (root + apt)
-	command -v ip >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get update -qq && apt-get install -y -qq iproute2; } || echo "no iproute2: multi-node tests will skip"
+	@# tests' system parts, installed when missing (root + apt): `ip netns` hosts for the multi-node tests
+	@# (iproute2) and headless Chromium for the report's browser test
+	for need in ip:iproute2 chromium:chromium; do command -v $${need%%:*} >/dev/null || { \
+		[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && { apt-get update -qq; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $${need#*:} >/dev/null; }; } || \
+		echo "no $${need#*:}: the tests that need it will skip"; done
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -r requirements/torch-cpu.txt
 	$(BIN)/python -m pip install -q -e '.[dev]'
