@@ -1,24 +1,35 @@
 """disttrain: PyTorch distributed training in one command, and the same pieces as a library.
 
 from disttrain import Trainer, JobConfig, parallelize, init_distributed
+
+The names load on first use (PEP 562): a launcher or a `disttrain` command that never builds a model does
+not pay for importing FSDP and the trainer (about a second per process).
 """
 
-from disttrain.config import (
-    ConfigError,
-    DataConfig,
-    JobConfig,
-    ModelConfig,
-    OptimConfig,
-    ParallelConfig,
-    PrecisionConfig,
-    TrainConfig,
-)
-from disttrain.dist.env import DistEnv, init_distributed
-from disttrain.dist.mesh import ParallelDims
-from disttrain.dist.strategy import Parallelized, parallelize
-from disttrain.train.trainer import FitResult, Trainer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    "ConfigError": "disttrain.config",
+    "DataConfig": "disttrain.config",
+    "JobConfig": "disttrain.config",
+    "ModelConfig": "disttrain.config",
+    "OptimConfig": "disttrain.config",
+    "ParallelConfig": "disttrain.config",
+    "PrecisionConfig": "disttrain.config",
+    "TrainConfig": "disttrain.config",
+    "DistEnv": "disttrain.dist.env",
+    "init_distributed": "disttrain.dist.env",
+    "ParallelDims": "disttrain.dist.mesh",
+    "Parallelized": "disttrain.dist.strategy",
+    "parallelize": "disttrain.dist.strategy",
+    "FitResult": "disttrain.train.trainer",
+    "Trainer": "disttrain.train.trainer",
+}
 __all__ = [
     "ConfigError",
     "DataConfig",
@@ -36,3 +47,27 @@ __all__ = [
     "init_distributed",
     "parallelize",
 ]
+
+if TYPE_CHECKING:
+    from disttrain.config import (
+        ConfigError,
+        DataConfig,
+        JobConfig,
+        ModelConfig,
+        OptimConfig,
+        ParallelConfig,
+        PrecisionConfig,
+        TrainConfig,
+    )
+    from disttrain.dist.env import DistEnv, init_distributed
+    from disttrain.dist.mesh import ParallelDims
+    from disttrain.dist.strategy import Parallelized, parallelize
+    from disttrain.train.trainer import FitResult, Trainer
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'disttrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value

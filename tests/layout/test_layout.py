@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "disttrain.launch": 8,
     "disttrain.plan.measure": 9,  # starts workers and runs training steps: above launch and train
     "disttrain.plan.command": 9,
+    "disttrain.report": 9,  # reads run folders: the end of the data flow
     "disttrain.cli": 10,
     "disttrain": 11,  # the package's public face re-exports from everywhere
 }

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from disttrain.checkpoint.reader import read_metadata_safely
 from disttrain.errors import CheckpointError
 
 STEP_RE = re.compile(r"^step-(\d{8})$")
@@ -155,6 +154,8 @@ def inspect_folder(path: Path, checksums: bool = False) -> CheckpointInfo:
             return CheckpointInfo(path, step, True, f"{name} has {size} bytes, expected {meta['size']}", manifest)
         if checksums and crc32_file(f) != meta["crc32"]:
             return CheckpointInfo(path, step, True, f"{name} fails its CRC32 check (corrupted)", manifest)
+    from disttrain.checkpoint.reader import read_metadata_safely  # DCP's import (a second) only with a checkpoint
+
     try:
         read_metadata_safely(path)
     except CheckpointError as e:

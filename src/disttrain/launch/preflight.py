@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from disttrain.checkpoint.layout import resume_target
-from disttrain.checkpoint.pretrained import weight_files
 from disttrain.config import JobConfig
 from disttrain.data.text import check_text_data
 from disttrain.errors import ConfigError
@@ -19,6 +18,8 @@ def check_inputs(cfg: JobConfig) -> None:
     if cfg.data.path is not None and cfg.data.module is None:
         check_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     if cfg.model.weights is not None:
+        from disttrain.checkpoint.pretrained import weight_files  # DTensor's import: only with weights
+
         weight_files(Path(cfg.model.weights))
     if not cfg.checkpoint.create_seed:
         check_resume(cfg)

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import torch
 
-from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.config import JobConfig, to_toml
-from disttrain.launch import worker
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.resolve import plan_and_resolve
@@ -56,6 +54,8 @@ def launch_job(cfg: JobConfig) -> int:
 
     os.environ.update(debug_env(cfg.health.debug_presets, run_dir))  # read by the workers' c10d/NCCL at start
     if nproc == 1 and cfg.launch.nnodes == "1" and cfg.launch.max_restarts == 0:
+        from disttrain.launch import worker  # the trainer and FSDP: only here, in-process
+
         torch.set_num_threads(threads_per_rank(1, device))
         code = worker.main(run_dir)
     else:
@@ -74,6 +74,8 @@ def launch_job(cfg: JobConfig) -> int:
 
 def interrupted(cfg: JobConfig, run_dir: Path, code: int) -> str:
     """One line for a job stopped by Ctrl-C (130), SIGUSR1 (138) or SIGTERM (143): where it was, how to go on."""
+    from disttrain.checkpoint.layout import list_checkpoints  # DCP: a second's import, needed only here
+
     steps = [json.loads(x).get("step", 0) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
         run_dir / "metrics.jsonl").is_file() else []  # fmt: skip
     folder = Path(cfg.checkpoint.folder)

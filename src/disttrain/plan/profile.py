@@ -24,7 +24,7 @@ from torch.func import functional_call
 
 from disttrain.config import DTYPES
 from disttrain.dist.activation import checkpointed_indices
-from disttrain.dist.fsdp import find_blocks
+from disttrain.dist.blocks import find_blocks
 from disttrain.errors import ConfigError
 
 LossFn = Callable[[Any, Any], torch.Tensor]
