@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Literal
 
 from disttrain.config.values import check, divisors
@@ -161,6 +162,14 @@ class PrecisionConfig:
     """Gradient reduction dtype (FSDP)."""
 
 
+def profile_window(text: str) -> tuple[int, int] | None:
+    """'5:8' -> (5, 8), the steps ``metrics.profile`` records; None unless START:END with 1 <= START <= END."""
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
 @dataclasses.dataclass
 class MetricsConfig:
     """What is measured and where it goes."""
@@ -173,9 +182,17 @@ class MetricsConfig:
     """Peak TFLOP/s of one device for MFU (default: a table for known GPUs, measured on CPU)."""
     tensorboard: bool = False
     """Also write TensorBoard event files into the run folder."""
+    profile: str | None = None
+    """Steps START:END (inclusive) to record with torch.profiler; a Chrome/Perfetto trace per rank in <run>/profile/."""
 
     def __post_init__(self) -> None:
         check(self.log_interval >= 1, f"metrics.log_interval must be >= 1, got {self.log_interval}")
+        if self.profile is not None:
+            check(
+                profile_window(self.profile) is not None,
+                f"metrics.profile must be START:END with 1 <= START <= END, got {self.profile!r}; "
+                "e.g. --metrics.profile 5:8",
+            )
         check(
             self.peak_tflops is None or self.peak_tflops > 0,
             f"metrics.peak_tflops must be > 0, got {self.peak_tflops}",

@@ -23,6 +23,7 @@ from disttrain.health.monitor import set_collective_timeout
 from disttrain.health.signals import PREEMPT
 from disttrain.train import metrics as M
 from disttrain.train.optim import lr_lambda
+from disttrain.train.profile import StepProfiler
 from disttrain.utils.gc import GarbageCollection
 
 if TYPE_CHECKING:
@@ -57,6 +58,10 @@ class FitLoop:
         self.console = M.Console(env.is_main, cfg.train.steps, trainer.step, cfg.metrics.progress)
         self.interval = cfg.checkpoint.interval if trainer.checkpoint else 0
         self.window_t, self.window_steps = time.perf_counter(), 0
+        self.profiler: StepProfiler | None = None  # --metrics.profile START:END: torch.profiler over those steps
+        if cfg.metrics.profile:
+            cuda = env.device.type == "cuda"
+            self.profiler = StepProfiler(cfg.metrics.profile, env.rank, trainer.run_dir, cuda, self.console.print)
 
     def run(self) -> FitResult:
         t, cfg = self.t, self.t.cfg
@@ -71,6 +76,8 @@ class FitLoop:
             t.save_final()
         finally:
             t.health.close(finished=t.step >= cfg.train.steps)
+            if self.profiler is not None:
+                self.profiler.close()  # the run ended inside the window: export what was recorded
             self.console.close()
             self.sink.close()
         self.res.skipped_steps = t.skipped
@@ -88,16 +95,22 @@ class FitLoop:
         raise Preempted(t.step, signum, t.checkpoint is not None)
 
     def announce(self) -> None:
-        """The opening lines: strategy, batch arithmetic, precision and peak; a resume; a restart's cause."""
+        """The opening lines: strategy, batch arithmetic, precision and peak; the model summary; a resume; a
+        restart's cause."""
+        from disttrain.train.summary import model_summary
+
         t, cfg, env, plan = self.t, self.t.cfg, self.t.env, self.t.plan
+        tokens = f" ({plan.global_batch * t.tokens_per_sample:,} tokens/step)" if t.tokens_per_sample > 1 else ""
         self.console.print(
             f"strategy {t.dims.describe()} x {env.world_size} rank(s) on {env.device.type} | "
             f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum "
-            f"{plan.accum_steps} x dp {plan.dp_size} | {cfg.precision.dtype} | "
+            f"{plan.accum_steps} x dp {plan.dp_size}{tokens} | {cfg.precision.dtype} | "
             f"peak {t.peak:.2f} TFLOP/s/rank ({t.peak_source})"
         )
         if cfg.parallel.strategy == "auto":
             self.console.print(f"strategy {t.dims.strategy}: {t.strategy_reason}")
+        if self.console.enabled:
+            self.console.print(model_summary(t.model.inner, env.world_size))
         resumed = self.resumed
         if resumed is not None:
             self.console.print(f"resumed from {resumed.path} (step {resumed.step}, sample {t.loader.position})")
@@ -106,10 +119,14 @@ class FitLoop:
 
     def one_step(self) -> None:
         t, cfg, res = self.t, self.t.cfg, self.res
+        if self.profiler is not None:
+            self.profiler.before_step(t.step + 1)
         t0 = time.perf_counter()
         lr = t.optimizer.param_groups[0]["lr"]
         loss, gnorm, finite = t.train_step()
         dt = time.perf_counter() - t0
+        if self.profiler is not None:
+            self.window_t += self.profiler.after_step(t.step)  # exporting the trace is not training time
         self.collector.step(t.step)
         t.health.step_done(t.step, dt)
         if len(res.losses) == 0:  # past the start-up: collectives get the configured timeout
@@ -138,7 +155,9 @@ class FitLoop:
             t.health.phase("checkpoint")
             t_save = time.perf_counter()
             t.checkpoint.save(t.step, t.state())
-            self.window_t += time.perf_counter() - t_save  # kept in CheckpointManager.blocked_s
+            blocked = time.perf_counter() - t_save
+            self.window_t += blocked  # kept in CheckpointManager.blocked_s
+            log_event(t.run_dir if t.env.is_main else None, "checkpoint", step=t.step, blocked_s=blocked)
 
     def evaluate(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
         t = self.t
