@@ -141,3 +141,16 @@ def test_chromium_shows_the_report_from_disk_and_live(runs: tuple[Path, Path], t
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_any_run_folder_reports_what_its_metrics_contain(tmp_path: Path) -> None:
+    """A parameter-server-like run (no config, other keys, a per-rank list) plots its own keys."""
+    run = tmp_path / "ps-run"
+    run.mkdir()
+    recs = [{"step": s, "loss": 0.7 - s / 100, "auc": 0.5 + s / 50, "staleness": [s % 2, 0]} for s in range(1, 9)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    proc = disttrain("report", str(run))
+    assert proc.returncode == 0, proc.stderr
+    page = (run / "report" / "report.html").read_text()
+    assert set(re.findall(r'data-plot="([^"]+)"', page)) == {"loss", "auc", "staleness"}
+    assert cells(page)[("ps-run", "auc")] == f"{recs[-1]['auc']:.6g}"

@@ -13,6 +13,7 @@ from typing import Any
 from disttrain.report.plots import Plot, all_plots
 from disttrain.report.runs import Run
 
+TABLE_SKIP = {"last_step_time_s", "tokens_per_s_per_rank", "bad_steps", "lr"}
 FINAL_KEYS = ("loss", "val_loss", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "skipped_steps", "rollbacks")
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}
 .wide{overflow-x:auto}
@@ -37,7 +38,8 @@ def fmt(v: Any) -> str:
 def final_figures(run: Run) -> dict[str, Any]:
     """The last value of each headline metric, then the run's summary.json (what the table shows)."""
     out: dict[str, Any] = {}
-    for key in FINAL_KEYS:
+    others = [k for k in run.scalar_keys() if k not in FINAL_KEYS and k not in TABLE_SKIP]  # any command's metrics
+    for key in (*FINAL_KEYS, *others):
         steps, values = run.steps_of(key)
         if values:
             out[key] = values[-1]
