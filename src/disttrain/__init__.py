@@ -8,8 +8,9 @@ not pay for importing FSDP and the trainer (about a second per process).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from disttrain.utils.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -65,9 +66,4 @@ if TYPE_CHECKING:
     from disttrain.train.trainer import FitResult, Trainer
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'disttrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names("disttrain", _WHERE, globals())

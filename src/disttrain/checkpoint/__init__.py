@@ -11,10 +11,10 @@ May import config, errors and utils; nothing from dist, train, health, plan, lau
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disttrain.errors import CheckpointError
+from disttrain.utils.lazy import lazy_names
 
 if TYPE_CHECKING:
     from disttrain.checkpoint.export import export_live_model
@@ -32,15 +32,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The names load on first use: listing checkpoints (a launcher) needs no DCP planner import."""
-    if name not in _WHERE:
-        raise AttributeError(f"module 'disttrain.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
-
-
+__getattr__ = lazy_names("disttrain.checkpoint", _WHERE, globals())
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
