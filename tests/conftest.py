@@ -31,6 +31,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def metric_steps(run: Path) -> list[int]:
+    """The steps of a run folder's metrics.jsonl records, in file order ([] before the first one)."""
+    metrics = run / "metrics.jsonl"
+    return [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+
+
 def pids_mentioning(text: str | Path) -> list[int]:
     """Processes whose command line contains ``text`` (a run folder: its launchers and workers)."""
     out = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, child_env, pids_mentioning, tiny_cli_args
+from conftest import BIN, child_env, metric_steps, pids_mentioning, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -25,14 +25,9 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
                             start_new_session=True)  # fmt: skip
 
 
-def steps_done(run: Path) -> list[int]:
-    metrics = run / "metrics.jsonl"
-    return [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
-
-
 def wait_for_steps(run: Path, n: int) -> None:
     deadline = time.monotonic() + 200
-    while time.monotonic() < deadline and len(steps_done(run)) < n:
+    while time.monotonic() < deadline and len(metric_steps(run)) < n:
         time.sleep(0.1)
 
 
@@ -68,7 +63,7 @@ def test_ctrl_c_twice_ends_every_rank_with_one_line(tmp_path: Path, small_text: 
     line = one_line(err)
     assert "disttrain: interrupted at step " in line, err[-3000:]
     assert "resume with disttrain run --run.name sig" in line and "newest complete checkpoint: step" in line
-    assert f"at step {max(steps_done(tmp_path / 'sig'))};" in line, line
+    assert f"at step {max(metric_steps(tmp_path / 'sig'))};" in line, line
     assert pids_mentioning(tmp_path / "sig") == []
 
 
@@ -79,7 +74,7 @@ def test_sigterm_saves_the_step_every_rank_finished_and_the_job_resumes_there(tm
     os.kill(proc.pid, signal.SIGTERM)  # to the launcher only, as Kubernetes does (torchrun passes it on)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, (proc.returncode, err[-3000:])
-    last = max(steps_done(run))
+    last = max(metric_steps(run))
     line = one_line(err)
     assert line.startswith(f"disttrain: terminated (SIGTERM) at step {last}; newest complete checkpoint: step {last};")
     assert newest_checkpoint(run) == last, (newest_checkpoint(run), last)
@@ -88,4 +83,4 @@ def test_sigterm_saves_the_step_every_rank_finished_and_the_job_resumes_there(tm
     again = subprocess.run([str(BIN / "disttrain"), *job(tmp_path, small_text, "pre", last + 2)], env=child_env(),
                            capture_output=True, text=True, timeout=200)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
-    assert steps_done(run) == list(range(1, last + 3))  # on from the saved step, none twice
+    assert metric_steps(run) == list(range(1, last + 3))  # on from the saved step, none twice

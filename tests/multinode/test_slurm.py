@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, disttrain, pids_mentioning, tiny_cli_args
+from conftest import child_env, disttrain, metric_steps, pids_mentioning, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -88,22 +88,17 @@ def test_the_time_limit_warning_saves_requeues_and_the_requeued_job_goes_on(tmp_
     for _ in range(2):  # the job, then its requeued self
         job = subprocess.Popen(["bash", str(tmp_path / "rq.sbatch")], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-        before = len(steps_of(run))
+        before = len(metric_steps(run))
         deadline = time.monotonic() + 200
-        while len(steps_of(run)) < before + 4 and time.monotonic() < deadline:
+        while len(metric_steps(run)) < before + 4 and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in pids_mentioning(run):  # the launchers and workers (Python); not srun or the batch shell
             if "python" in os.readlink(f"/proc/{pid}/exe"):
                 os.kill(pid, signal.SIGUSR1)
         out, err = job.communicate(timeout=120)
         assert job.returncode == 138, out[-2000:] + err[-3000:]
-        done.append(max(steps_of(run)))
+        done.append(max(metric_steps(run)))
         assert f"preempted (SIGUSR1) at step {done[-1]}; newest complete checkpoint: step {done[-1]}" in err, err
         assert err.count("requeued Slurm job 77") == 1, err  # node 0 only
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "77"] * 2
-    assert steps_of(run) == list(range(1, done[1] + 1)) and done[0] < done[1]  # no step lost or run twice
-
-
-def steps_of(run: Path) -> list[int]:
-    metrics = run / "metrics.jsonl"
-    return [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+    assert metric_steps(run) == list(range(1, done[1] + 1)) and done[0] < done[1]  # no step lost or run twice

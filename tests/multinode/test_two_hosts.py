@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 from netns_hosts import Host, two_hosts, why_not
 
-from conftest import disttrain, tiny_cli_args
+from conftest import disttrain, metric_steps, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 if (reason := why_not()) is not None:
@@ -75,7 +75,7 @@ def test_hsdp_over_two_hosts_equals_one_process_and_resumes_on_one_host(tmp_path
         more = job(small_text, tmp_path, "hsdp", 8, "--parallel.strategy", "fsdp", "--parallel.nproc", "2")
         alone = subprocess.run(a.cmd(*disttrain_cmd(more)), capture_output=True, text=True, timeout=300)
         assert alone.returncode == 0, alone.stderr[-3000:]
-    steps = [json.loads(x)["step"] for x in (tmp_path / "hsdp" / "metrics.jsonl").read_text().splitlines()]
+    steps = metric_steps(tmp_path / "hsdp")
     assert steps == list(range(1, 9)), steps  # 6 steps on two hosts, then 7 and 8 on one
     assert_close(losses(tmp_path / "hsdp")[-2:], losses(tmp_path / "single")[6:8], rtol=1e-5, atol=1e-5)
 
@@ -109,7 +109,7 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_a_preempted_host_sav
         wait_for_step(run, 9)
         os.kill(procs[0].pid, signal.SIGTERM)
         ra, rb = finish(procs, timeout=120)
-        last = max(json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines())
+        last = max(metric_steps(run))
         for r in (ra, rb):
             said = [x for x in r.stderr.splitlines() if x.startswith("disttrain: ")]
             assert r.returncode == 143 and len(said) == 1, (r.returncode, r.stderr[-3000:])
@@ -149,7 +149,7 @@ def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resume
             assert "Traceback" not in r.stderr, r.stderr[-3000:]
         ra, rb = on_two_hosts(a, b, args)  # the link is back: started again, the job resumes
         assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
-    steps = [json.loads(x)["step"] for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    steps = metric_steps(tmp_path / "cut")
     assert sorted(set(steps)) == list(range(1, 11)), steps
 
 
