@@ -27,7 +27,9 @@ EXACT_ROWS = ("params", "grads", "optimizer")
 
 def measured(tmp: Path, n: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     spec = tmp / f"spec{n}.json"
-    spec.write_text(json.dumps({"config": cfg, "strategies": STRATEGIES, "steps": 2, "out": str(tmp)}))
+    spec.write_text(
+        json.dumps({"config": cfg, "strategies": STRATEGIES, "steps": 2, "timed_steps": 1, "out": str(tmp)})
+    )
     # the workers `disttrain estimate --measure` starts, all strategies in one launch
     code, tail = run_module_captured(
         "disttrain.plan.measure", [str(spec)], n, "cpu", env={"OMP_NUM_THREADS": "1"}, timeout=360, tail_lines=40
@@ -57,6 +59,8 @@ def test_measured_bytes_match_the_plan(tmp_path: Path, small_text: Path, n: int)
         pred_act = est.profile.activations("none") - est.profile.largest_act
         assert 0.6 * worst["activations_saved"] <= pred_act <= 1.6 * worst["activations_saved"], (s, worst)
         assert worst["peak"] > 0
+        # step time, and the communication torch.profiler saw in one more step (gloo ranges, c10d ops)
+        assert worst["comm_s"] > 0 and worst["step_s"] > 0, (s, worst)
     ddp = max(r["ddp"]["params"] + r["ddp"]["grads"] + r["ddp"]["optimizer"] for r in ranks)
     for s in ("fsdp", "fsdp_no_reshard"):
         fsdp = max(r[s]["params"] + r[s]["grads"] + r[s]["optimizer"] for r in ranks)

@@ -46,10 +46,18 @@ class ParallelConfig:
     reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered params after forward: always (ZeRO-3), never (ZeRO-2),
     default (always except the last block, which backward needs at once)."""
-    forward_prefetch: int = 0
-    """Explicitly all-gather the next K blocks in forward (0 = FSDP's implicit one-ahead)."""
-    backward_prefetch: int = 0
-    """Explicitly all-gather the previous K blocks in backward (0 = implicit)."""
+    blocks_per_unit: int | Literal["auto"] = "auto"
+    """FSDP/HSDP: adjacent blocks sharded together as one unit (one all-gather and one reduce-scatter
+    each). auto: from the plan, the fewest blocks whose all-gather is big enough to reach most of the
+    link's bandwidth, as long as the gathered unit fits in memory (1 for big blocks)."""
+    forward_prefetch: int | Literal["auto"] = "auto"
+    """Explicitly all-gather the next K units in forward (0 = FSDP's implicit one-ahead; auto: the depth
+    the plan says hides the all-gathers, within memory)."""
+    backward_prefetch: int | Literal["auto"] = "auto"
+    """Explicitly all-gather the previous K units in backward (0 = implicit; auto: as forward)."""
+    compile: Literal["auto", "off", "blocks", "model"] = "auto"
+    """torch.compile: off, blocks (each block on its own, the FSDP units), or model (the whole model);
+    auto: what measured fastest on this kind of device (see docs/benchmarks.md)."""
     ddp_bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
     timeout_s: float = 600.0
@@ -76,8 +84,10 @@ class ParallelConfig:
             ac in ("none", "full") or (ac.isdigit() and int(ac) >= 1),
             f"parallel.activation_checkpointing must be none, full, or K >= 1 (every K-th block), got {ac!r}",
         )
-        check(self.forward_prefetch >= 0, f"parallel.forward_prefetch must be >= 0, got {self.forward_prefetch}")
-        check(self.backward_prefetch >= 0, f"parallel.backward_prefetch must be >= 0, got {self.backward_prefetch}")
+        for key in ("blocks_per_unit", "forward_prefetch", "backward_prefetch"):
+            v = getattr(self, key)
+            low = 1 if key == "blocks_per_unit" else 0
+            check(v == "auto" or v >= low, f"parallel.{key} must be auto or an integer >= {low}, got {v!r}")
         check(self.ddp_bucket_mb > 0, f"parallel.ddp_bucket_mb must be > 0, got {self.ddp_bucket_mb}")
         check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
 

@@ -16,7 +16,8 @@ from disttrain.dist.mesh import SHARDED, ParallelDims, resolve_strategy
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.launch.preflight import check_inputs
 from disttrain.launch.torchrun import check_nproc, default_nproc
-from disttrain.plan.estimate import Layout, decide, plan_job, resolve_device_memory
+from disttrain.plan.choose import decide
+from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory
 from disttrain.plan.render import render
 from disttrain.train.loss import cross_entropy
 
@@ -34,6 +35,8 @@ class StrategyChoice:
     reason: str
     plan_text: str = ""
     plan_json: dict[str, Any] | None = None
+    parallel: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Parallel settings the plan resolved (FSDP grouping, prefetch depth, reshard for FSDP without reshard)."""
 
 
 def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
@@ -55,7 +58,8 @@ def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
     choice = choose_strategy(cfg, nproc, max_nodes, device)
     dims = ParallelDims.from_config(cfg.parallel, world, nproc, choice.strategy)
     resolve_batch(cfg.train, dims.dp_size)
-    parallel = dataclasses.replace(cfg.parallel, nproc=nproc, device=device, strategy=dims.strategy)  # type: ignore[arg-type]
+    resolved: dict[str, Any] = {"nproc": nproc, "device": device, "strategy": dims.strategy, **choice.parallel}
+    parallel = dataclasses.replace(cfg.parallel, **resolved)
     return dataclasses.replace(cfg, parallel=parallel), choice
 
 
@@ -77,5 +81,5 @@ def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> Str
             raise
         print(f"disttrain: warning: no memory plan ({e})", file=sys.stderr)
         return StrategyChoice(resolve_strategy(cfg.parallel.strategy, nproc * nnodes), "forced; no memory plan")
-    strategy, reason = decide(cfg, est)
-    return StrategyChoice(strategy, reason, render(est), est.to_json())
+    strategy, reason, tuned = decide(cfg, est)
+    return StrategyChoice(strategy, reason, render(est), est.to_json(), tuned)

@@ -15,6 +15,7 @@ from typing import Any
 from disttrain.config import JobConfig, parse_bytes
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import check_nproc, default_nproc
+from disttrain.plan.choose import tuned_parallel
 from disttrain.plan.estimate import (
     Estimate,
     Layout,
@@ -26,7 +27,9 @@ from disttrain.plan.estimate import (
     target_device,
     with_parallel,
 )
+from disttrain.plan.explain import explain_plan
 from disttrain.plan.render import COLUMNS, compare, render
+from disttrain.plan.timing import remember_efficiency, resolve_machine
 from disttrain.train.loss import cross_entropy
 
 
@@ -38,6 +41,9 @@ def run_estimate(
     device_memory: str | None = None,
     as_json: bool = False,
     measure: bool = False,
+    explain: bool = False,
+    bandwidth: str | None = None,
+    inter_bandwidth: str | None = None,
 ) -> int:
     """``disttrain estimate``: print the plan (and, with ``measure``, predicted vs measured)."""
     device = local_device(cfg)
@@ -55,9 +61,15 @@ def run_estimate(
         if device_memory
         else resolve_device_memory(cfg.parallel.device_memory, target, nproc)
     )
-    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom), cross_entropy)
+    cfg = resolved_precision(cfg, target)
+    dtype = cfg.precision.dtype
+    machine = resolve_machine(target, dtype, bandwidth=bandwidth, inter_bandwidth=inter_bandwidth,
+                              measure_peak=target == device)  # fmt: skip
+    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom), cross_entropy, machine)
     out: dict[str, Any] = est.to_json()
     text = render(est)
+    if explain:
+        text += "\n\n" + explain_plan(est, cfg)
     if not any(est.fits.values()):
         out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
         text += f"\nto fit: {out['advice']}"
@@ -81,5 +93,27 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
         measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}
     else:
         cols = [c for c in COLUMNS if c != "hsdp" and (est.fits[c] or cfg.parallel.force)]
-        measured = run_measure(with_parallel(cfg, device=device), nproc, cols)
+        tuned = {c: tuned_parallel(cfg, est, c) for c in cols}
+        measured = run_measure(with_parallel(cfg, device=device), nproc, cols, tuned=tuned)
+    learn_efficiency(est, measured)
     return compare(est, measured)
+
+
+def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> None:
+    """Keep the compute efficiency the measured steps reached (their FLOPs / (step - communication - framework
+    time) / peak, the median over strategies) in this machine's cache, for the next plans' compute time; only
+    from steps that FLOPs dominate (a tiny model's step is framework time, and says nothing about the FLOPs)."""
+    m = est.machine
+    if m is None:
+        return
+    effs = []
+    for col, res in measured.items():
+        t = est.times.get(col)
+        if t is None or "step_s" not in res or not res["step_s"] > res.get("comm_s", 0):
+            continue
+        flops_s = res["step_s"] - res["comm_s"] - t.overhead_s - t.framework_s
+        predicted = t.compute_s - t.framework_s
+        if flops_s > 0 and predicted > 2 * t.framework_s:
+            effs.append(m.efficiency * predicted / flops_s)  # predicted FLOP time scales as 1 / efficiency
+    if effs:
+        remember_efficiency(m, est.profile.compute_dtype, sorted(effs)[len(effs) // 2])

@@ -18,8 +18,7 @@ and FSDP with CPU offload, with the exact byte arithmetic of what torch allocate
   checkpointed blocks plus one block recomputed.
 
 The total is the sum, an upper bound: gradients and activations overlap only partly in backward.
-:func:`decide` and :func:`auto_strategy` turn a plan into the strategy to run: the Trainer and ``disttrain
-run`` ask for ``auto`` only through them, passing their loss (this module never imports the trainer).
+:mod:`disttrain.plan.choose` turns a plan into the strategy to run (this module never imports the trainer).
 
 May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.build``,
 ``disttrain.dist``, ``disttrain.plan.profile``, ``disttrain.plan.render`` (the table in its messages).
@@ -32,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
-from disttrain.errors import ConfigError
-from disttrain.plan.profile import LossFn, ModelProfile, ParamInfo, profile_model, sharded_bytes
-from disttrain.plan.render import LABELS, render
+from disttrain.plan.comm import unit_numels
+from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
+from disttrain.plan.render import LABELS
+from disttrain.plan.timing import Machine, StepTime, best_grouping, grouping_candidates, resolve_machine, step_time
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
@@ -118,6 +117,13 @@ class Estimate:
     choice: str = ""
     reason: str = ""
     fits: dict[str, bool] = field(default_factory=dict)
+    times: dict[str, StepTime] = field(default_factory=dict)
+    """Predicted optimizer step per strategy (with the grouping the plan column uses)."""
+    groupings: dict[str, dict[int, StepTime]] = field(default_factory=dict)
+    """Every grouping tried per sharded column: blocks per unit -> predicted step."""
+    grouping_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Every grouping tried per sharded column: blocks per unit -> total bytes per rank."""
+    machine: Machine | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,24 +136,26 @@ class Estimate:
                 k: dataclasses.asdict(p) | {"total": p.total, "fits": self.fits[k]} for k, p in self.plans.items()
             },
             "recommendation": {"strategy": self.choice, "reason": self.reason},
+            "step_time": {k: t.to_json() for k, t in self.times.items()},
+            "machine": dataclasses.asdict(self.machine) if self.machine else None,
         }
 
 
-def _unit_bytes(params: tuple[ParamInfo, ...], unit: int, n: int, nbytes: int) -> int:
-    """Unsharded (all-gathered, padded) bytes of one FSDP unit."""
-    return sum(p.shard_numel(n) * n * nbytes for p in params if p.unit == unit)
+def _knob(value: int | str, unresolved: int = 1) -> int:
+    return unresolved if value == "auto" else int(value)
 
 
-def _sharded_plan(name: str, prof: ModelProfile, n: int, cfg: JobConfig, act: int, reshard: bool) -> StrategyPlan:
+def _sharded_plan(
+    name: str, prof: ModelProfile, n: int, cfg: JobConfig, act: int, reshard: bool, blocks_per_unit: int = 1
+) -> StrategyPlan:
     cb = DTYPES[cfg.precision.dtype].itemsize
     rb = DTYPES[cfg.precision.reduce_dtype].itemsize
     ps = prof.params
-    blocks = [_unit_bytes(ps, i, n, 1) for i in range(prof.n_blocks)]
+    root, blocks = unit_numels(prof, n, blocks_per_unit)
     biggest = max(blocks, default=0)
-    root = _unit_bytes(ps, -1, n, 1)
     grad_unsharded = biggest * (cb + (rb if rb != cb else 0))  # computed in the compute dtype, reduced in rb
     if reshard:
-        depth = 1 + max(cfg.parallel.forward_prefetch, cfg.parallel.backward_prefetch, 1)
+        depth = 1 + max(_knob(cfg.parallel.forward_prefetch), _knob(cfg.parallel.backward_prefetch), 1)
         gathered = (root + depth * biggest) * cb + grad_unsharded
     else:
         gathered = (root + sum(blocks)) * cb + grad_unsharded
@@ -161,9 +169,15 @@ def _sharded_plan(name: str, prof: ModelProfile, n: int, cfg: JobConfig, act: in
     return StrategyPlan(name, n, params, grads, optim, gathered, act)
 
 
-def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout) -> Estimate:
-    """Per-rank plans for every strategy at ``layout``, and the recommendation."""
+SHARDED_COLUMNS = ("fsdp", "fsdp_no_reshard", "hsdp", "fsdp_offload")
+
+
+def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None = None) -> Estimate:
+    """Per-rank plans and predicted step times for every strategy at ``layout``, and the recommendation.
+    Sharded columns use the grouping of blocks into units that :func:`~disttrain.plan.timing.best_grouping`
+    picks (or ``parallel.blocks_per_unit`` when set)."""
     cfg = resolved_precision(cfg)
+    machine = machine or resolve_machine(target_device(cfg), cfg.precision.dtype)
     ac = cfg.parallel.activation_checkpointing
     act = prof.activations(ac)
     ac_alt = "full" if ac == "none" else "none"
@@ -180,39 +194,60 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout) -> Estimate:
             sharded_bytes(ps, 1, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps),
             low_precision_copies,
             act,
-        ),
-        "fsdp": _sharded_plan("fsdp", prof, w, cfg, act, reshard=True),
-        "fsdp_no_reshard": _sharded_plan("fsdp_no_reshard", prof, w, cfg, act, reshard=False),
-        "hsdp": _sharded_plan("hsdp", prof, layout.nproc, cfg, act, reshard=True),
-        "fsdp_offload": _sharded_plan("fsdp_offload", prof, w, cfg, act, reshard=True),
+        )
     }
+    times = {"ddp": step_time("ddp", prof, cfg, machine, layout.nproc, layout.nnodes, 1)}
+    groupings: dict[str, dict[int, StepTime]] = {}
+    grouping_bytes: dict[str, dict[int, int]] = {}
+    fixed = cfg.parallel.blocks_per_unit
+    for col in SHARDED_COLUMNS:
+        n = layout.nproc if col == "hsdp" else w
+        ks = [int(fixed)] if fixed != "auto" else grouping_candidates(prof.n_blocks)
+        by_k = {k: _sharded_plan(col, prof, n, cfg, act, col != "fsdp_no_reshard", k) for k in ks}
+        groupings[col] = {k: step_time(col, prof, cfg, machine, layout.nproc, layout.nnodes, k) for k in ks}
+        k = (
+            best_grouping(groupings[col], {k: p.total <= layout.budget for k, p in by_k.items()})
+            if len(ks) > 1
+            else ks[0]
+        )
+        plans[col], times[col] = by_k[k], groupings[col][k]
+        grouping_bytes[col] = {k: p.total for k, p in by_k.items()}
     fits = {k: p.total <= layout.budget for k, p in plans.items()}
-    est = Estimate(layout, prof, ac, plans, prof.activations(ac_alt), ac_alt, fits=fits)
+    est = Estimate(layout, prof, ac, plans, prof.activations(ac_alt), ac_alt, fits=fits, times=times,
+                   groupings=groupings, grouping_bytes=grouping_bytes, machine=machine)  # fmt: skip
     choice, reason = recommend(est)
     return dataclasses.replace(est, choice=choice, reason=reason)
 
 
+AUTO_COLUMNS = ("ddp", "fsdp", "fsdp_no_reshard", "hsdp")
+
+
 def recommend(est: Estimate) -> tuple[str, str]:
-    """The strategy ``auto`` runs, and why, in one sentence."""
-    lay, p = est.layout, est.plans
+    """The plan column ``auto`` runs, and why, in one sentence: among the strategies that fit, the one predicted
+    fastest (HSDP only across nodes: on one node it is FSDP)."""
+    lay, p, t = est.layout, est.plans, est.times
     usable = f"{fmt_bytes(lay.budget)} usable per device ({fmt_bytes(lay.device_memory)} less {lay.headroom:.0%})"
     ddp = f"DDP needs {fmt_bytes(p['ddp'].total)} per rank"
     if lay.world == 1:
         verdict = "fits" if est.fits["ddp"] else "does NOT fit"
         return "single", f"one process: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
-    if est.fits["ddp"]:
-        return "ddp", f"{ddp} of {usable}: it fits, and DDP communicates least (one gradient all-reduce per step)"
-    if lay.nnodes > 1 and lay.nproc > 1 and est.fits["hsdp"]:
-        return "hsdp", (
-            f"{ddp}, more than the {usable}; one node holds a replica sharded {lay.nproc} ways "
-            f"({fmt_bytes(p['hsdp'].total)} per rank), so HSDP keeps all-gathers inside a node and only "
-            "all-reduces gradients across nodes"
-        )
-    if est.fits["fsdp"]:
-        return "fsdp", (
-            f"{ddp}, more than the {usable}; FSDP over {lay.world} ranks needs {fmt_bytes(p['fsdp'].total)}"
-        )
-    return "fsdp", f"nothing fits: {ddp} and FSDP {fmt_bytes(p['fsdp'].total)}, but only {usable}"
+    cols = [c for c in AUTO_COLUMNS if est.fits[c] and (c != "hsdp" or (lay.nnodes > 1 and lay.nproc > 1))]
+    if not cols:
+        return "fsdp", f"nothing fits: {ddp} and FSDP {fmt_bytes(p['fsdp'].total)}, but only {usable}"
+    ranked = sorted(cols, key=lambda c: t[c].predicted_s)
+    best = ranked[0]
+    why = f"{LABELS[best]} is predicted fastest {_when(t[best])}"
+    if len(ranked) > 1:
+        why += f", against {LABELS[ranked[1]]} {_when(t[ranked[1]])}"
+    memory = f"{ddp} of {usable}: it fits" if est.fits["ddp"] else f"{ddp}, more than the {usable}"
+    if best == "hsdp":
+        why += "; HSDP keeps all-gathers inside a node and only all-reduces gradient shards across nodes"
+    return best, f"{memory}; of what fits, {why}"
+
+
+def _when(t: StepTime) -> str:
+    sent = t.sent_intra + t.sent_inter
+    return f"({t.predicted_s:.3g} s/step, {fmt_bytes(int(sent))} sent per rank)"
 
 
 def advice(est: Estimate, prof: ModelProfile, cfg: JobConfig) -> str:
@@ -262,7 +297,7 @@ def resolved_precision(cfg: JobConfig, device_type: str | None = None) -> JobCon
     return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device_type))
 
 
-def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn) -> Estimate:
+def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn, machine: Machine | None = None) -> Estimate:
     """Build the configured model on the meta device, profile it with the caller's ``loss_fn`` (the job's
     loss: :func:`disttrain.train.loss.cross_entropy` for the bundled models), and estimate every strategy."""
     device = target_device(cfg)
@@ -281,66 +316,4 @@ def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn) -> Estimate:
         attention=attention_for(device),
         loss_fn=loss_fn,
     )
-    return estimate(prof, cfg, layout)
-
-
-def decide(cfg: JobConfig, est: Estimate) -> tuple[str, str]:
-    """The strategy to run and why: the recommendation for 'auto', else the forced one if it fits.
-
-    ConfigError when the strategy that would run does not fit and ``parallel.force`` is off.
-    """
-    lay, strategy = est.layout, cfg.parallel.strategy
-    if strategy == "auto":
-        choice, reason = est.choice, f"auto: {est.reason}"
-        if cfg.parallel.offload and choice in ("single", "ddp"):
-            choice = "hsdp" if lay.nnodes > 1 and lay.nproc > 1 else "fsdp"
-            reason = "auto: parallel.offload is set, and offloading needs sharded parameters"
-    else:
-        choice, reason = strategy, "forced by parallel.strategy"
-    plan = est.plans[column_for(choice, cfg)]
-    if plan.total > lay.budget and not cfg.parallel.force:
-        what = "no strategy fits" if strategy == "auto" else f"strategy {choice!r} does not fit"
-        prof = est.profile
-        raise ConfigError(
-            f"{what}: {LABELS[column_for(choice, cfg)]} needs {fmt_bytes(plan.total)} per rank, more than the "
-            f"{fmt_bytes(lay.budget)} usable ({fmt_bytes(lay.device_memory)} device memory less "
-            f"{lay.headroom:.0%} headroom).\n{render(est)}\n"
-            f"To fix: {advice(est, prof, cfg)}"
-        )
-    fit = f"{LABELS[column_for(choice, cfg)]} plan {fmt_bytes(plan.total)} of {fmt_bytes(lay.budget)} usable"
-    return choice, reason if strategy == "auto" else f"{reason} ({fit})"
-
-
-def auto_strategy(
-    model: nn.Module,
-    sample: tuple[Any, Any],
-    cfg: JobConfig,
-    world: int,
-    local: int,
-    loss_fn: LossFn,
-) -> tuple[str, str]:
-    """'auto' for a model already in hand (the Python API): plan it where it runs, with the Trainer's
-    ``loss_fn``, then :func:`decide`.
-
-    A model the planner cannot run on meta tensors gets the plain default (DDP), with the reason saying so.
-    """
-    from disttrain.dist.mesh import resolve_strategy
-
-    device_type = local_device(cfg)
-    local = max(1, min(local, world))
-    layout = Layout(
-        local,
-        max(world // local, 1),
-        resolve_device_memory(cfg.parallel.device_memory, device_type, local),
-        cfg.parallel.memory_headroom,
-    )
-    cfg = resolved_precision(cfg, device_type)
-    try:
-        prof = profile_model(
-            model, sample, micro_batch=cfg.train.micro_batch, compute_dtype=cfg.precision.dtype,
-            loss_fn=loss_fn, shard_modules=cfg.parallel.shard_modules,
-            attention=attention_for(device_type),
-        )  # fmt: skip
-    except ConfigError as e:
-        return resolve_strategy("auto", world), f"auto without a memory plan ({e})"
-    return decide(cfg, estimate(prof, cfg, layout))
+    return estimate(prof, cfg, layout, machine)

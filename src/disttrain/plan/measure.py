@@ -154,8 +154,9 @@ def _step(trainer: Any, keep_grads: bool, saved: SavedBytes | None = None) -> No
         trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2) -> dict[str, Any]:
-    """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank; its measured bytes."""
+def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2, timed_steps: int = 3) -> dict[str, Any]:
+    """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank, then ``timed_steps`` more; its measured
+    bytes and step time (:func:`time_steps`)."""
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.dist.mesh import SHARDED
     from disttrain.train.trainer import Trainer
@@ -185,20 +186,60 @@ def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2) ->
         _step(trainer, keep_grads=True, saved=saved)
         acc = account(trainer.model.module, trainer.optimizer)
     peak = torch.cuda.max_memory_allocated() - base if cuda else rss.peak - base_rss
+    trainer.optimizer.zero_grad(set_to_none=True)
     out = {
         "strategy": strategy,
         **acc,
         "activations_saved": saved.total,
         "peak": int(peak),
         "peak_source": "cuda max_memory_allocated" if cuda else "process RSS peak",
+        **time_steps(trainer, timed_steps),
     }
     del trainer, model
     gc.collect()
     return out
 
 
-def measure(cfg: JobConfig, nproc: int, strategies: list[str], steps: int = 2, timeout: float = 600) -> dict[str, Any]:
-    """One launch of ``nproc`` ranks per strategy; per strategy, the largest rank's figures, or
+def time_steps(trainer: Any, n: int) -> dict[str, float]:
+    """Median wall time of ``n`` whole ``train_step`` calls (ranks in step: a barrier before each), then one
+    more under torch.profiler for its communication time (the rules of :mod:`disttrain.train.profile`)."""
+    import time
+
+    import torch.distributed as dist
+
+    from disttrain.train.profile import step_times
+
+    def barrier() -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    walls = []
+    for _ in range(max(n, 1)):
+        barrier()
+        t0 = time.perf_counter()
+        trainer.train_step()
+        walls.append(time.perf_counter() - t0)
+    barrier()
+    with tempfile.TemporaryDirectory(prefix="disttrain-measure-trace-") as tmp:
+        cpu = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=cpu) as prof, torch.profiler.record_function("step 0"):
+            trainer.train_step()
+        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        profiled = step_times(json.loads((Path(tmp) / "trace.json").read_text()))
+    comm = profiled[0].comm_ms / 1e3 if profiled else float("nan")
+    return {"step_s": sorted(walls)[len(walls) // 2], "comm_s": comm}
+
+
+def measure(
+    cfg: JobConfig,
+    nproc: int,
+    strategies: list[str],
+    steps: int = 2,
+    timeout: float = 600,
+    tuned: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One launch of ``nproc`` ranks per strategy (with its ``tuned`` parallel settings: the plan column's grouping
+    and prefetch); per strategy, the largest rank's figures, or
     ``{"error": "exit N: <the launch's last lines>"}`` when it failed."""
     device = cfg.parallel.device if cfg.parallel.device != "auto" else "cpu"
     env = {
@@ -211,7 +252,8 @@ def measure(cfg: JobConfig, nproc: int, strategies: list[str], steps: int = 2, t
     with tempfile.TemporaryDirectory(prefix="disttrain-measure-") as tmp:
         for s in strategies:
             spec = Path(tmp) / f"{s}.json"
-            spec.write_text(json.dumps({"config": to_dict(cfg), "strategies": [s], "steps": steps, "out": tmp}))
+            run_cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **(tuned or {}).get(s, {})))
+            spec.write_text(json.dumps({"config": to_dict(run_cfg), "strategies": [s], "steps": steps, "out": tmp}))
             code, tail = run_module_captured(
                 "disttrain.plan.measure", [str(spec)], nproc, device, env=env, timeout=timeout
             )
@@ -230,7 +272,9 @@ def worker(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     cfg = from_dict(spec["config"])
     env = init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
-    out = {s: measure_strategy(cfg, s, env, spec.get("steps", 2)) for s in spec["strategies"]}
+    out = {
+        s: measure_strategy(cfg, s, env, spec.get("steps", 2), spec.get("timed_steps", 3)) for s in spec["strategies"]
+    }
     Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(out))
     destroy_distributed()
 

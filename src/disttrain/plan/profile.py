@@ -13,6 +13,7 @@ blocks activation checkpointing recomputes).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from disttrain.config import DTYPES
 from disttrain.dist.activation import checkpointed_indices
@@ -49,6 +52,7 @@ class ParamInfo:
         return math.ceil(self.shape[0] / n) * (self.numel // self.shape[0])
 
 
+@functools.lru_cache(maxsize=256)
 def sharded_bytes(params: tuple[ParamInfo, ...], n: int, nbytes: int, trainable_only: bool = False) -> int:
     """Bytes one rank holds of ``params`` sharded ``n`` ways at ``nbytes`` per element (padding included)."""
     return sum(p.shard_numel(n) * nbytes for p in params if p.trainable or not trainable_only)
@@ -72,6 +76,11 @@ class ModelProfile:
     attention: str = "math"
     """How ``scaled_dot_product_attention`` was accounted: ``math`` (saves the T x T probabilities, as
     CPU and the meta device do) or ``flash`` (saves q, k, v, the output and the log-sum-exp: CUDA)."""
+    train_flops: float = 0.0
+    """FLOPs of one micro-batch's forward and backward (3x the forward's, counted by FlopCounterMode)."""
+    forward_ops: int = 0
+    """Operators one forward dispatches (each costs a few microseconds of framework time on a CPU, whatever
+    its size: what dominates the step of a small model)."""
 
     @property
     def n_params(self) -> int:
@@ -179,13 +188,16 @@ class SavedTensorLog:
 
 def _forward_on_meta(
     model: nn.Module, stand_ins: dict[str, torch.Tensor], batch: tuple[Any, Any], loss_fn: LossFn, attention: str
-) -> None:
-    """The forward and the loss on meta tensors; ConfigError (with the fix) for a model that cannot run so."""
-    kernels = FlashAttentionSaves() if attention == "flash" else contextlib.nullcontext()
+) -> tuple[float, int]:
+    """The forward and the loss on meta tensors: the FLOPs of forward + backward (3x the forward's) and the
+    operators the forward dispatched;
+    ConfigError (with the fix) for a model that cannot run so."""
+    flash = FlashAttentionSaves() if attention == "flash" else None
     try:
-        with kernels:
+        with FlopCounterMode(display=False) as counter, OpCounter() as ops, flash or contextlib.nullcontext():
             out = functional_call(model, stand_ins, (batch[0],))
             loss_fn(out, batch[1])
+        return 3.0 * (counter.get_total_flops() + (flash.flops if flash is not None else 0)), ops.count
     except Exception as e:  # a model whose forward cannot run on meta tensors
         raise ConfigError(
             f"cannot profile the model on the meta device ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
@@ -218,10 +230,22 @@ def profile_model(
     log = SavedTensorLog(blocks, stand_ins)
     batch = (_batch(sample[0], micro_batch), _batch(sample[1], micro_batch))
     with log.watching():
-        _forward_on_meta(model, stand_ins, batch, loss_fn, attention)
+        flops, ops = _forward_on_meta(model, stand_ins, batch, loss_fn, attention)
     by_block, other, largest = log.by_block()
     return ModelProfile(params, len(blocks), tuple(by_block), other, tuple(log.block_in), largest, micro_batch,
-                        compute_dtype, attention)  # fmt: skip
+                        compute_dtype, attention, flops, ops)  # fmt: skip
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the operators dispatched while active (views and metadata ops included: they cost dispatch too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 class _FlashSaves(torch.autograd.Function):
@@ -242,11 +266,17 @@ class _FlashSaves(torch.autograd.Function):
 class FlashAttentionSaves(torch.overrides.TorchFunctionMode):
     """Routes ``F.scaled_dot_product_attention`` to a stand-in that saves what CUDA's fused kernels save (q, k,
     v, the output and the log-sum-exp) while profiling for CUDA. A mask given as a tensor is an input the
-    graph already holds, so it adds nothing here either."""
+    graph already holds, so it adds nothing here either. ``flops`` counts the two attention matmuls the
+    stand-in skips (as FlopCounterMode would count the math path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
             q, k, v = (args[i] if i < len(args) else kwargs[n] for i, n in enumerate(("query", "key", "value")))
+            self.flops += 2 * q.numel() * k.shape[-2] + 2 * q.shape[:-1].numel() * k.shape[-2] * v.shape[-1]
             return _FlashSaves.apply(q, k, v)
         return func(*args, **kwargs)

@@ -47,6 +47,7 @@ def render(est: Estimate) -> str:
     rows.append(["host memory (offload)", *(fmt_bytes(est.plans[c].host) if est.plans[c].host else "-" for c in cols)])
     rows.append(["total peak", *(fmt_bytes(est.plans[c].total) for c in cols)])
     rows.append([f"fits {fmt_bytes(lay.budget)}?", *("yes" if est.fits[c] else "NO" for c in cols)])
+    rows.extend(_time_rows(est, cols))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
     out = [
@@ -58,8 +59,59 @@ def render(est: Estimate) -> str:
         line,
     ]
     out.extend(_line(r, widths) for r in rows)
+    if est.machine is not None:
+        out.append(machine_line(est))
     out.append(f"recommended: {est.choice} — {est.reason}")
     return "\n".join(out)
+
+
+def _time_rows(est: Estimate, cols: list[str]) -> list[list[str]]:
+    """Per strategy: the grouping, bytes sent per rank, compute, communication and the step time (predicted:
+    the column that applies to the device; the other in brackets)."""
+    if not est.times:
+        return []
+    t = {c: est.times[c] for c in cols}
+
+    def sent(c: str) -> str:
+        inter = f" ({fmt_bytes(int(t[c].sent_inter))} inter)" if t[c].sent_inter and t[c].sent_intra else ""
+        return fmt_bytes(int(t[c].sent_intra + t[c].sent_inter)) + inter
+
+    overlap = est.machine is not None and est.machine.overlap
+    return [
+        ["blocks per FSDP unit", *(str(t[c].blocks_per_unit) if t[c].blocks_per_unit else "-" for c in cols)],
+        ["sent per rank / step", *(sent(c) for c in cols)],
+        ["compute / step", *(seconds(t[c].compute_s) for c in cols)],
+        ["communication / step", *(seconds(t[c].comm_s + t[c].overhead_s) for c in cols)],
+        ["step, no overlap" + (" *" if not overlap else ""), *(seconds(t[c].no_overlap_s) for c in cols)],
+        ["step, with overlap" + (" *" if overlap else ""), *(seconds(t[c].overlap_s) for c in cols)],
+    ]
+
+
+def seconds(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def machine_line(est: Estimate) -> str:
+    """Where the time figures come from (doctor's measurements, --bandwidth, or defaults)."""
+    m = est.machine
+    assert m is not None
+    links = "; ".join(
+        f"{name} {link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.3g} GB/s "
+        f"({m.sources.get(name, link.source)})"
+        for name, link in m.links.items()
+        if name == "intra" or est.layout.nnodes > 1
+    )
+    how = (
+        "with overlap: NCCL runs collectives beside compute"
+        if m.overlap
+        else ("without overlap: gloo runs them on the cores that compute")
+    )
+    return (
+        f"* predicted step ({how}); "
+        f"links: {links}; peak {m.tflops:.3g} TFLOP/s per {'device' if m.device == 'cuda' else 'thread'} "
+        f"({m.sources.get('peak', '?')}) x efficiency {m.efficiency:.2f} ({m.sources.get('efficiency', '?')})"
+        + ("; run `disttrain doctor` to measure this machine's links" if "default" in m.sources.values() else "")
+    )
 
 
 def _line(cells: list[str], widths: list[int]) -> str:
@@ -94,6 +146,19 @@ def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any
             err = 100.0 * (pred - meas) / meas if meas else float("nan")
             table[s][row] = {"predicted": int(pred), "measured": int(meas), "error_pct": err}
             lines.append(f"{s:<16}{row:<14}{fmt_bytes(pred):>12}{fmt_bytes(meas):>12}{err:>8.1f}%")
+        t = est.times.get(s)
+        if t is None or "step_s" not in m:
+            continue
+        for name, secs, meas_s in (
+            ("step time", t.predicted_s, m["step_s"]),
+            ("communication", t.comm_s + t.overhead_s, m["comm_s"]),
+        ):
+            err = 100.0 * (secs - meas_s) / meas_s if meas_s else float("nan")
+            table[s][name] = {"predicted_s": secs, "measured_s": meas_s, "error_pct": err}
+            lines.append(f"{s:<16}{name:<14}{seconds(secs):>12}{seconds(meas_s):>12}{err:>8.1f}%")
     source = next((m["peak_source"] for m in measured.values() if "peak_source" in m), "-")
-    lines.append(f"measured total peak: {source}, above the process before the model was built")
+    lines.append(
+        f"measured total peak: {source}, above the process before the model was built; step time: median of "
+        "3 steps; communication: one more step under torch.profiler (gloo/NCCL ranges, c10d ops)"
+    )
     return "\n".join(lines), table

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,58 +19,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from disttrain.errors import ConfigError
 from disttrain.models.outputs import logits_of
+from disttrain.utils.peak import GPU_PEAK_TFLOPS, gpu_peak_tflops, measure_matmul_tflops, peak_tflops
 
-# Dense (no sparsity) peak TFLOP/s for bf16/fp16 tensor-core matmuls.
-GPU_PEAK_TFLOPS = {
-    "H200": 989.0,
-    "H100": 989.0,
-    "H800": 989.0,
-    "A100": 312.0,
-    "A800": 312.0,
-    "L40S": 362.0,
-    "A10G": 125.0,
-    "L4": 121.0,
-    "V100": 125.0,
-    "B200": 2250.0,
-}
-
-
-def gpu_peak_tflops(name: str) -> float | None:
-    for key, val in GPU_PEAK_TFLOPS.items():
-        if key in name.upper():
-            return val
-    return None
-
-
-def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3, n: int = 1024) -> float:
-    """Sustained square-matmul TFLOP/s of this process on ``device`` (with its current thread count)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(3):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    iters, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(4):
-            a @ b
-        iters += 4
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
-
-
-def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None = None) -> tuple[float, str]:
-    """(peak TFLOP/s of one device, where the figure comes from)."""
-    if override:
-        return override, "config"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        known = gpu_peak_tflops(name)
-        if known is not None:
-            return (known if dtype != torch.float32 else known / 2), f"table:{name}"
-        return measure_matmul_tflops(device, dtype, n=8192), f"measured:{name}"
-    return measure_matmul_tflops(device, dtype), "measured:cpu-matmul"
+__all__ = ["GPU_PEAK_TFLOPS", "gpu_peak_tflops", "measure_matmul_tflops", "peak_tflops"]
 
 
 def flops_per_sample(model: nn.Module, sample_input: torch.Tensor) -> float:

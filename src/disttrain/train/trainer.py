@@ -33,7 +33,7 @@ from disttrain.dist.strategy import Parallelized, parallelize
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor
 from disttrain.health.signals import PREEMPT
-from disttrain.plan.estimate import auto_strategy
+from disttrain.plan.choose import auto_strategy
 from disttrain.train import metrics as M
 from disttrain.train.loop import FitLoop, FitResult
 from disttrain.train.loss import LossFn, Objective, cross_entropy
@@ -71,6 +71,7 @@ class Trainer:
         self._set_global_modes()
         self.strategy_reason = "forced by parallel.strategy"
         self.dims = dims or self._choose_dims(model, train_data, loss_fn)
+        cfg = self.cfg  # auto may have resolved parallel settings from the plan
         self.plan = resolve_batch(cfg.train, self.dims.dp_size)
         dp_rank = self.env.rank
         self.loader = GlobalBatchLoader(
@@ -119,9 +120,10 @@ class Trainer:
         cfg, env = self.cfg, self.env
         strategy = None
         if cfg.parallel.strategy == "auto" and env.world_size > 1:
-            strategy, self.strategy_reason = auto_strategy(
+            strategy, self.strategy_reason, tuned = auto_strategy(
                 model, train_data[0], cfg, env.world_size, env.local_world_size, loss_fn
             )
+            self.cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **tuned))
         return ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size, strategy)
 
     # -- one step -------------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""The step-time plan: the collectives each strategy runs (counted by hand), ring times, the grouping of blocks
+into FSDP units, the strategy ``auto`` picks by predicted time, and the resolved knobs reaching the workers.
+
+Measured step times against the prediction are in test_memory_measure.py (the same launches) and
+benchmarks/bench_plan_time.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from disttrain.config import from_dict
+from disttrain.errors import ConfigError
+from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.plan.choose import decide
+from disttrain.plan.comm import collectives, unit_numels
+from disttrain.plan.estimate import GiB, Layout, estimate, profile_model
+from disttrain.plan.machine import LinkFit
+from disttrain.plan.timing import OP_OVERHEAD_S, Machine, best_grouping, grouping_candidates, step_time
+from disttrain.train.loss import cross_entropy
+
+from conftest import disttrain
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Tiny(nn.Module):
+    """Root: embedding 10x8 + head 10x8 (160); 3 blocks of 8x8 + 8 (72 each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 10, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        for b in self.blocks:
+            h = torch.relu(b(h))
+        return self.head(h)
+
+
+def tiny_profile(micro_batch: int = 2):  # type: ignore[no-untyped-def]
+    sample = (torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    return profile_model(Tiny(), sample, micro_batch=micro_batch, loss_fn=cross_entropy)
+
+
+def machine(latency: float = 1e-4, bandwidth: float = 1e9, inter: float | None = None, device: str = "cpu") -> Machine:
+    links = {"intra": LinkFit(latency, bandwidth, 2)}
+    if inter is not None:
+        links["inter"] = LinkFit(latency, inter, 2)
+    return Machine(device, 0.1, 0.5, 2, links)
+
+
+def test_collectives_are_what_ddp_and_fsdp2_run() -> None:
+    prof = tiny_profile()
+    # 2 ranks, micro-batch 2, global batch 8: 2 micro-steps per optimizer step
+    cfg = from_dict({"train": {"micro_batch": 2, "global_batch": 8}, "precision": {"dtype": "fp32"}})
+    assert unit_numels(prof, 2, 1) == (160, [72, 72, 72]) and unit_numels(prof, 2, 2) == (160, [144, 72])
+    ddp = collectives("ddp", prof, cfg, 2, 1, 1)
+    assert [(c.kind, c.nbytes, c.count) for c in ddp] == [("all_reduce", 376 * 4, 1), ("all_reduce", 16, 1)]
+    assert ddp[0].sent == 376 * 4  # a ring all-reduce sends 2 (n-1)/n of the buffer: all of it at n = 2
+    fsdp = collectives("fsdp", prof, cfg, 2, 1, 1)
+    gathers = [c.count for c in fsdp if c.kind == "all_gather"]
+    # forward every micro-step (2), backward again for the resharded units (not the last one, not the root)
+    assert gathers == [4, 4, 2, 2]
+    assert [c.nbytes for c in fsdp if c.kind == "reduce_scatter"] == [72 * 4, 72 * 4, 72 * 4, 160 * 4]
+    assert all(c.count == 1 for c in fsdp if c.kind == "reduce_scatter")  # only on the last micro-step
+    no_reshard = collectives("fsdp_no_reshard", prof, cfg, 2, 1, 1)
+    assert [c.count for c in no_reshard if c.kind == "all_gather"] == [2, 2, 2, 2]
+    hsdp = collectives("hsdp", prof, cfg, 2, 2, 1)  # 2 nodes x 2 ranks: 1 micro-step at global batch 8
+    across = [c for c in hsdp if c.what.startswith("gradient all-reduce across")]
+    assert len(across) == 1 and across[0].link == "inter" and across[0].nbytes == (160 + 216) // 2 * 4
+    assert all(c.link == "intra" for c in hsdp if c.kind != "all_reduce")
+
+
+def test_ring_times_add_up_to_the_step() -> None:
+    prof = tiny_profile()
+    cfg = from_dict({"train": {"micro_batch": 2, "global_batch": 4}, "precision": {"dtype": "fp32"}})
+    m = machine(latency=1e-3, bandwidth=1e6)
+    t = step_time("ddp", prof, cfg, m, 2, 1, 1)
+    # one all-reduce of 1504 bytes over 2 ranks: 2 x (latency + 752 B / 1 MB/s), plus the loss's 16 bytes
+    assert t.comm_s == pytest.approx(2 * (1e-3 + 752e-6) + 2 * (1e-3 + 8e-6))
+    # FLOPs at the peak x efficiency, plus the framework time of every operator forward and backward dispatch
+    assert prof.forward_ops > 0
+    assert t.compute_s == pytest.approx(prof.train_flops / (0.1e12 * 0.5) + 3 * prof.forward_ops * OP_OVERHEAD_S["cpu"])
+    assert t.predicted_s == t.no_overlap_s == pytest.approx(t.compute_s + t.comm_s)  # gloo: no overlap
+    assert t.sent_intra == pytest.approx(1504 + 16)
+    gpu = step_time("ddp", prof, cfg, machine(1e-3, 1e6, device="cuda"), 2, 1, 1)
+    assert gpu.predicted_s == gpu.overlap_s <= gpu.no_overlap_s
+
+
+def gpt_profile(layers: int, width: int, heads: int, context: int, dtype: str = "fp32"):  # type: ignore[no-untyped-def]
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=65, n_layers=layers, d_model=width, n_heads=heads, context=context))
+    sample = (torch.zeros(context, dtype=torch.long), torch.zeros(context, dtype=torch.long))
+    return profile_model(model, sample, micro_batch=8, loss_fn=cross_entropy, compute_dtype=dtype)
+
+
+def test_small_blocks_are_grouped_and_big_blocks_stay_alone() -> None:
+    assert grouping_candidates(24) == [1, 2, 3, 4, 5, 6, 8, 12, 24] and grouping_candidates(1) == [1]
+    cfg = from_dict({"train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "fp32"}})
+    small = estimate(gpt_profile(24, 128, 4, 128), cfg, Layout(2, 1, 64 * GiB), machine(latency=2e-3))
+    k = small.times["fsdp"].blocks_per_unit
+    assert k > 1, small.groupings["fsdp"]
+    tried = small.groupings["fsdp"]
+    assert tried[1].predicted_s > 1.05 * tried[k].predicted_s and tried[1].calls > tried[k].calls
+    big_cfg = from_dict({"train": {"micro_batch": 1, "global_batch": 8}, "precision": {"dtype": "bf16"}})
+    big = estimate(gpt_profile(4, 2048, 16, 256, "bf16"), big_cfg, Layout(8, 1, 80 * GiB), machine(1e-5, 1e11))
+    assert big.times["fsdp"].blocks_per_unit == 1  # a 100 MB unit already uses the link fully
+    # a grouping that does not fit is never chosen
+    assert best_grouping(tried, {kk: kk == 1 for kk in tried}) == 1
+
+
+def test_auto_picks_the_fastest_strategy_that_fits_and_says_both_numbers() -> None:
+    cfg = from_dict({"train": {"micro_batch": 8, "global_batch": 32}, "precision": {"dtype": "fp32"}})
+    prof = gpt_profile(4, 256, 4, 64)
+    est = estimate(prof, cfg, Layout(2, 2, 64 * GiB), machine(inter=0.05e9))
+    # DDP all-reduces every gradient across the slow link; HSDP only a node's shard of them
+    assert est.choice == "hsdp" and est.times["hsdp"].sent_inter < est.times["ddp"].sent_inter
+    assert "HSDP is predicted fastest" in est.reason and "against" in est.reason and "s/step" in est.reason
+    one_node = estimate(prof, cfg, Layout(2, 1, 64 * GiB), machine())
+    assert one_node.choice == "ddp" and "it fits" in one_node.reason
+    # bf16 gathers without resharding send 3 bytes per parameter, DDP's fp32 all-reduce 4: on a slow link
+    bf16 = from_dict({"train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "bf16"},
+                      "parallel": {"device": "cpu", "blocks_per_unit": 1}})  # fmt: skip
+    big = gpt_profile(4, 1024, 8, 64, "bf16")
+    slow = estimate(big, bf16, Layout(2, 1, 64 * GiB), machine(bandwidth=1e8))
+    assert slow.choice == "fsdp_no_reshard", {k: t.predicted_s for k, t in slow.times.items()}
+    strategy, reason, tuned = decide(bf16, slow)
+    # gloo: no compute to hide behind, prefetch 1
+    assert strategy == "fsdp" and tuned == {
+        "reshard_after_forward": "never",
+        "forward_prefetch": 1,
+        "backward_prefetch": 1,
+    }
+    assert "FSDP no-reshard is predicted fastest" in reason
+
+
+def test_forced_settings_are_kept() -> None:
+    cfg = from_dict({"parallel": {"device": "cpu", "strategy": "fsdp", "blocks_per_unit": 2, "forward_prefetch": 0},
+                     "train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "fp32"}})  # fmt: skip
+    est = estimate(gpt_profile(24, 128, 4, 128), cfg, Layout(2, 1, 64 * GiB), machine())
+    assert list(est.groupings["fsdp"]) == [2]
+    assert decide(cfg, est).parallel == {"backward_prefetch": 1}  # only what was left to auto
+    with pytest.raises(ConfigError, match=r"parallel.blocks_per_unit must be auto or an integer >= 1, got 0"):
+        from_dict({"parallel": {"blocks_per_unit": 0}})
+
+
+def test_estimate_cli_explains_and_takes_a_bandwidth(tmp_path) -> None:
+    small = ("--model.n-layers", "12", "--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32")
+    p = disttrain("estimate", *small, "--explain", "--bandwidth", "2GB/s", "--precision.dtype", "fp32", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "step, no overlap *" in out and "sent per rank / step" in out
+    assert "intra 100 us + 2 GB/s (--bandwidth)" in out, out
+    assert "blocks/unit" in out and "chosen:" in out and "prefetch: depth 1" in out and "collectives of" in out
+    bad = disttrain("estimate", "--bandwidth", "fast", timeout=60)
+    assert bad.returncode == 2 and "--bandwidth" in bad.stderr and "fast" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    run = disttrain("run", "--print-config", "--parallel.strategy", "fsdp", *small, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "block(s) per FSDP unit" in run.stdout and "blocks_per_unit = " in run.stdout
+    assert 'blocks_per_unit = "auto"' not in run.stdout and "forward_prefetch = 1" in run.stdout
