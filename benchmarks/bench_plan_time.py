@@ -83,7 +83,7 @@ def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any
     from disttrain.train.loss import cross_entropy
 
     cfg = resolved_precision(job(model, nproc, args), "cpu")
-    machine = resolve_machine("cpu", cfg.precision.dtype)
+    machine = resolve_machine("cpu", cfg.precision.dtype, nproc=nproc)
     layout = Layout(nproc, 1, resolve_device_memory("auto", "cpu", nproc))
     est = plan_job(cfg, layout, cross_entropy, machine)
     vs = variants(est)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,27 @@ def pids_mentioning(text: str | Path) -> list[int]:
         except OSError:
             pass
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No test reads or writes the real ~/.cache/disttrain/machine.json (`disttrain doctor`, `estimate`)."""
+    root, old = tmp_path_factory.mktemp("machine-cache"), os.environ.get("DISTTRAIN_CACHE_DIR")
+    os.environ["DISTTRAIN_CACHE_DIR"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("DISTTRAIN_CACHE_DIR", None)
+    else:
+        os.environ["DISTTRAIN_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def _own_machine_cache(_machine_cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from an empty cache: one test's `disttrain doctor` never changes another's plan."""
+    monkeypatch.setenv("DISTTRAIN_CACHE_DIR", str(_machine_cache_root / str(next(_CACHE_IDS))))
+
+
+_CACHE_IDS = itertools.count()
 
 
 @pytest.fixture(scope="session")

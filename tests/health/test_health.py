@@ -224,13 +224,24 @@ def test_a_slow_rank_is_named_a_straggler(tmp_path: Path, small_text: Path) -> N
 
 # -- doctor, config, presets ---------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_doctor_passes_on_this_machine() -> None:
-    proc = disttrain("doctor", "--json", timeout=120)
+def test_doctor_passes_on_this_machine_and_caches_its_link_and_matmul_figures(tmp_path: Path) -> None:
+    proc = disttrain("doctor", "--json", env={"DISTTRAIN_CACHE_DIR": str(tmp_path)}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["ok"] and not [c for c in report["checks"] if c["status"] == "FAIL"]
     names = {c["name"] for c in report["checks"]}
-    assert {"python", "torch", "gloo", "port", "rendezvous", "gloo bandwidth", "rpc"} <= names
+    assert {"python", "torch", "gloo", "port", "rendezvous", "gloo bandwidth", "link", "rpc"} <= names
+    (link,) = [c for c in report["checks"] if c["name"] == "link"]
+    assert link["status"] == "OK" and "all-gather over 2 ranks: latency" in link["detail"], link
+    assert link["data"]["cache"] == str(tmp_path / "machine.json") and "read by disttrain estimate" in link["detail"]
+    cached = json.loads((tmp_path / "machine.json").read_text())
+    (entry,) = cached["machines"].values()
+    assert cached["version"] == 1 and entry["device"] == "cpu" and entry["cores"] == os.cpu_count()
+    intra = entry["links"]["intra"]
+    assert intra["bandwidth_Bps"] > 0 and intra["latency_s"] >= 0 and intra["nranks"] == 2, intra
+    assert [b for b, _ in intra["points"]] == [4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20], intra
+    assert all(t > 0 for _, t in intra["points"]) and entry["matmul_tflops"]["fp32"] > 0, entry
+    assert {k: v for k, v in link["data"].items() if k != "cache"} == entry  # --json shows what was cached
 
 
 def test_doctor_fails_on_a_taken_port_and_an_unreachable_endpoint(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,9 @@ Each check prints one line, OK / WARN / FAIL, and a fix for anything not OK: Pyt
 NCCL versions, devices and their memory, gloo/NCCL availability, the rendezvous port free (or the
 rendezvous endpoint reachable), then a short all-reduce / all-gather bandwidth test and an RPC ping across
 the local ranks (across nodes with ``--nnodes N --rdzv-endpoint HOST:PORT``, one ``doctor`` per node),
-started through torchrun like a real job. Exit code 1 if anything FAILs; ``--json`` for machines.
+started through torchrun like a real job. The same test measures the all-gather latency/bandwidth curve and
+one thread's matmul peak, which this module fits and caches per host for ``disttrain estimate``
+(:mod:`disttrain.plan.machine`). Exit code 1 if anything FAILs; ``--json`` for machines.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain.launch.network import is_local
+from disttrain.plan.machine import LinkFit, MachineProfile, fit_link, load_machine, save_machine
 
 Status = Literal["OK", "WARN", "FAIL"]
 MIN_TORCH = (2, 6)
@@ -37,6 +40,8 @@ class Check:
     status: Status
     detail: str
     fix: str = ""
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Figures behind the line, for ``--json`` (the link check: the cached machine profile)."""
 
 
 # -- checks of this machine -------------------------------------------------------------------------------
@@ -234,8 +239,9 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
                     "run `disttrain launch -n 2` on a small script to see the error; check ports and firewall",
                 )
             ]
+        link = check_link(Path(tmp, "machine.json"))
         if not result.is_file():  # other nodes: rank 0's node has the figures
-            return [Check("collectives", "OK", f"joined the test with {nproc} process(es)")]
+            return [Check("collectives", "OK", f"joined the test with {nproc} process(es)"), *link]
         res = json.loads(result.read_text())
     world, took = res["world"], time.perf_counter() - t0
     out = []
@@ -256,10 +262,70 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
             )
         )
     out += check_nodes(res)
+    out += link
     out.append(
         Check("rpc", "OK", f"ping rank 0 -> rank {world - 1}: {res['rpc_ms']:.2f} ms ({took:.0f}s for the test)")
     )
     return out
+
+
+def check_link(measured: Path) -> list[Check]:
+    """Fit the all-gather curves this node's local rank 0 measured (doctor_worker.py), cache them with its
+    matmul peak under this host (the links not measured now, and ``estimate --measure``'s efficiency, stay)."""
+    if not measured.is_file():
+        return [Check("link", "WARN", "the test measured no all-gather curve", "run `disttrain doctor` again")]
+    m = json.loads(measured.read_text())
+    links = {
+        k: fit_link([(int(b), float(t)) for b, t in c["points"]], int(c["nranks"])) for k, c in m["curves"].items()
+    }
+    old = load_machine()
+    old = old if old is not None and old.device == m["device"] else None
+    name = torch.cuda.get_device_name(0) if m["device"] == "cuda" else _cpu_name()
+    profile = MachineProfile(
+        host=socket.gethostname(),
+        device=m["device"],
+        device_name=name,
+        cores=os.cpu_count() or 1,
+        matmul_tflops=m.get("matmul_tflops", {}),
+        links={**(old.links if old else {}), **links},
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        efficiency=old.efficiency if old else {},
+    )
+    data = profile.to_json()
+    try:
+        data["cache"] = str(save_machine(profile))
+    except OSError as e:
+        fix = "set DISTTRAIN_CACHE_DIR to a writable folder (disttrain estimate reads the figures from there)"
+        return [Check("link", "WARN", f"{_link_text(profile, links)}; cannot cache it ({e})", fix, data)]
+    text = f"{_link_text(profile, links)}; cached in {data['cache']} (read by disttrain estimate)"
+    return [Check("link", "OK", text, "", data)]
+
+
+def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
+    """'all-gather over 2 ranks: latency 85 us, 0.91 GB/s; reaches 80% of it from 2.0 MiB; matmul ...'."""
+    from disttrain.utils.fmt import fmt_bytes
+
+    parts = []
+    for key, where in (("intra", "over {n} ranks"), ("inter", "across {n} nodes")):
+        if (f := measured.get(key)) is not None:
+            reach = fmt_bytes(f.size_for(0.8, f.nranks), 1)
+            parts.append(f"all-gather {where.format(n=f.nranks)}: latency {f.latency_s * 1e6:.0f} us, "
+                         f"{f.bandwidth_Bps / 1e9:.2f} GB/s; reaches 80% of it from {reach}")  # fmt: skip
+    parts = parts or ["one rank: no link to measure"]
+    per = "1 thread" if profile.device == "cpu" else "the GPU"
+    flops = ", ".join(f"{k} {v:.3g}" for k, v in profile.matmul_tflops.items())
+    return "; ".join([*parts, f"matmul {flops} TFLOP/s ({per})" if flops else "no matmul figure"])
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform module says."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 MAX_SKEW_S = 1.0
@@ -311,7 +377,8 @@ def run_checks(
 def report(checks: list[Check], as_json: bool) -> int:
     failed = any(c.status == "FAIL" for c in checks)
     if as_json:
-        print(json.dumps({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]}, indent=2))
+        rows = [{k: v for k, v in dataclasses.asdict(c).items() if k != "data" or v} for c in checks]
+        print(json.dumps({"ok": not failed, "checks": rows}, indent=2))
     else:
         width = max(len(c.name) for c in checks)
         for c in checks:

@@ -1,6 +1,8 @@
 """One rank of ``disttrain doctor``'s multi-process test, started through torchrun: all-reduce and all-gather
-bandwidth per backend, across nodes the clocks and inter- vs intra-node bandwidth, and an RPC ping; rank 0
-writes the figures to ``<out_dir>/result.json``."""
+bandwidth per backend, the all-gather latency/bandwidth curve over the local ranks (and, across nodes, over one
+rank per node), one thread's matmul TFLOP/s, across nodes the clocks and inter- vs intra-node bandwidth, and an
+RPC ping. Rank 0 writes the figures to ``<out_dir>/result.json``; local rank 0 of every node writes its node's
+curves and matmul peak to ``<out_dir>/machine.json`` (the launcher fits and caches them: disttrain.plan.machine)."""
 
 from __future__ import annotations
 
@@ -61,20 +63,31 @@ def worker(out_dir: str) -> None:
         size = 64 * 2**20 if backend == "nccl" else 16 * 2**20
         res[f"{backend}_all_reduce"] = _bandwidth("all_reduce", size, dev)
         res[f"{backend}_all_gather"] = _bandwidth("all_gather", size // world, dev)
-    res.update(_across_nodes(devices[-1][1]))
+    main = devices[-1][1]
+    across, curves = _across_nodes(main)
+    res.update(across)
+    if "nodes" not in across and world > 1:  # one node: the local ranks are the world (one rank: no link)
+        curves["intra"] = {"nranks": world, "points": _gather_curve(CURVE_BYTES, main)}
+    machine: dict[str, Any] = {"device": main.type, "curves": curves}
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        machine["matmul_tflops"] = _matmul_tflops(main)  # the other ranks wait at the barrier below
+    dist.barrier()
     res["rpc_ms"] = _rpc_ping(rank, world)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        Path(out_dir, "machine.json").write_text(json.dumps(machine))
     if rank == 0:
         Path(out_dir, "result.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> dict[str, Any]:
+def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> tuple[dict[str, Any], dict[str, Any]]:
     """Several nodes: the clock offsets between them (each rank's wall clock read just after a barrier, the
-    median of 5 rounds) and all-reduce bandwidth within a node vs across nodes (local rank 0 of each)."""
+    median of 5 rounds), all-reduce bandwidth within a node vs across nodes (local rank 0 of each), and the
+    all-gather curves within this node ("intra") and over one rank per node ("inter", 3 sizes)."""
     nodes, local = int(os.environ.get("GROUP_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if nodes < 2 or dist.get_world_size() != nodes * local:
-        return {}
+        return {}, {}
     me, world = dist.get_rank(), dist.get_world_size()
     rounds = []
     for _ in range(5):
@@ -83,16 +96,69 @@ def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> dict[str, An
         dist.all_gather_object(stamp, time.time())
         rounds.append(max(stamp) - min(stamp))
     out: dict[str, Any] = {"nodes": nodes, "clock_skew_s": statistics.median(rounds)}
+    curves: dict[str, Any] = {}
     ranks_of = [list(range(n * local, (n + 1) * local)) for n in range(nodes)]
     intra = [dist.new_group(r) for r in ranks_of]  # every rank makes every group, in the same order
     inter = dist.new_group([r[0] for r in ranks_of])
     node = me // local
     if local > 1:
         out["intra_all_reduce"] = _group_bandwidth(intra[node], ranks_of[node], nbytes, device)
+        curves["intra"] = {"nranks": local, "points": _gather_curve(CURVE_BYTES, device, intra[node])}
     if me % local == 0:
         out["inter_all_reduce"] = _group_bandwidth(inter, [r[0] for r in ranks_of], nbytes, device)
+        curves["inter"] = {"nranks": nodes, "points": _gather_curve(INTER_CURVE_BYTES, device, inter)}
     dist.barrier()
-    return out
+    return out, curves
+
+
+CURVE_BYTES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
+"""Total (gathered) sizes of the all-gather curve: from latency-bound to bandwidth-bound."""
+INTER_CURVE_BYTES = (64 * 2**10, 2**20, 16 * 2**20)
+
+
+def _gather_curve(
+    sizes: tuple[int, ...], device: torch.device, group: Any = None, iters: int = 5
+) -> list[tuple[int, float]]:
+    """(total bytes gathered, median seconds) of an fp32 all-gather into one tensor (what FSDP runs) over
+    ``group`` at each total size: a warm-up, then ``iters`` timed calls, each after a barrier."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name
+    n = dist.get_world_size(group)
+    points = []
+    for total in sizes:
+        x = torch.ones(max(1, total // 4 // n), dtype=torch.float32, device=device)
+        out = torch.empty(x.numel() * n, dtype=torch.float32, device=device)
+        times = []
+        for i in range(iters + 1):
+            dist.barrier(group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            gather(out, x, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first one sets up buffers and connections
+                times.append(time.perf_counter() - t0)
+        points.append((out.numel() * 4, statistics.median(times)))
+    return points
+
+
+def _matmul_tflops(device: torch.device) -> dict[str, float]:
+    """Square-matmul TFLOP/s of one thread (CPU) or of the GPU, in fp32 and, where it is fast, bf16: the best of
+    3 short windows (a busy machine's other processes take some of them)."""
+    from disttrain.dist.env import fast_bf16
+    from disttrain.train.metrics import measure_matmul_tflops
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    n = 8192 if device.type == "cuda" else 1024  # a GPU needs big matmuls to reach its peak
+    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if fast_bf16(device.type) else {})}
+    try:
+        return {
+            k: round(max(measure_matmul_tflops(device, dt, seconds=0.07, n=n) for _ in range(3)), 4)
+            for k, dt in dtypes.items()
+        }
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.device, iters: int = 5) -> float:

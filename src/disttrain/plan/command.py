@@ -64,7 +64,7 @@ def run_estimate(
     cfg = resolved_precision(cfg, target)
     dtype = cfg.precision.dtype
     machine = resolve_machine(target, dtype, bandwidth=bandwidth, inter_bandwidth=inter_bandwidth,
-                              measure_peak=target == device)  # fmt: skip
+                              measure_peak=target == device, nproc=nproc)  # fmt: skip
     est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom), cross_entropy, machine)
     out: dict[str, Any] = est.to_json()
     text = render(est)

@@ -177,7 +177,7 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
     Sharded columns use the grouping of blocks into units that :func:`~disttrain.plan.timing.best_grouping`
     picks (or ``parallel.blocks_per_unit`` when set)."""
     cfg = resolved_precision(cfg)
-    machine = machine or resolve_machine(target_device(cfg), cfg.precision.dtype)
+    machine = machine or resolve_machine(target_device(cfg), cfg.precision.dtype, nproc=layout.nproc)
     ac = cfg.parallel.activation_checkpointing
     act = prof.activations(ac)
     ac_alt = "full" if ac == "none" else "none"

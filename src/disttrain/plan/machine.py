@@ -49,8 +49,8 @@ class LinkFit:
         """Share of the bandwidth an all-gather of ``nbytes`` reaches (the rest is latency)."""
         if n <= 1:
             return 1.0
-        pure = (n - 1) * nbytes / n / self.bandwidth_Bps
-        return pure / self.ring_time(nbytes, n, "all_gather")
+        pure, total = (n - 1) * nbytes / n / self.bandwidth_Bps, self.ring_time(nbytes, n, "all_gather")
+        return pure / total if total > 0 else 1.0
 
     def size_for(self, share: float, n: int) -> int:
         """The all-gather size (bytes) that reaches ``share`` of the bandwidth."""

@@ -96,16 +96,18 @@ def resolve_machine(
     inter_bandwidth: str | None = None,
     profile: MachineProfile | None = None,
     measure_peak: bool = False,
+    nproc: int | None = None,
 ) -> Machine:
-    """The machine for a plan: this host's cached doctor figures (when they are for ``device``), overridden by
-    ``--bandwidth`` / ``--inter-node-bandwidth``, else defaults (said so in ``sources``)."""
+    """The machine for a plan: this host's cached doctor figures (when they are for ``device``; a link measured
+    over ``nproc`` ranks, ``intra@N``, before the last one measured), overridden by ``--bandwidth`` /
+    ``--inter-node-bandwidth``, else defaults (said so in ``sources``)."""
     prof = profile if profile is not None else load_machine()
     if prof is not None and prof.device != device:
         prof = None
     sources: dict[str, str] = {}
     links: dict[str, LinkFit] = {}
     for name, (lat, bw) in DEFAULT_LINKS[device].items():
-        measured = prof.links.get(name) if prof else None
+        measured = (prof.links.get(f"{name}@{nproc}") or prof.links.get(name)) if prof else None
         links[name] = measured or LinkFit(lat, bw, 2, source="default")
         sources[name] = "doctor" if measured else "default"
     for name, text, flag in (("intra", bandwidth, "--bandwidth"), ("inter", inter_bandwidth, "--inter-node-bandwidth")):

@@ -1,0 +1,133 @@
+"""The machine profile `disttrain doctor` caches for the step-time plan (disttrain.plan.machine): the alpha-beta
+fit of all-gather times, ring-collective arithmetic, bandwidth parsing, and the per-host cache file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from disttrain.errors import ConfigError
+from disttrain.plan.machine import (
+    LinkFit,
+    MachineProfile,
+    cache_path,
+    fit_link,
+    load_machine,
+    parse_bandwidth,
+    save_machine,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
+
+
+def curve(alpha: float, beta: float, n: int, noise: tuple[float, ...] = (1, 1, 1, 1, 1)) -> list[tuple[int, float]]:
+    return [(b, ((n - 1) * alpha + (n - 1) / n * b / beta) * e) for b, e in zip(SIZES, noise, strict=True)]
+
+
+@pytest.mark.parametrize(("alpha", "beta", "n"), [(85e-6, 0.9e9, 2), (5e-6, 150e9, 8), (2e-3, 1e8, 4)])
+def test_fit_link_recovers_latency_and_bandwidth(alpha: float, beta: float, n: int) -> None:
+    fit = fit_link(curve(alpha, beta, n), n)
+    assert fit.latency_s == pytest.approx(alpha, rel=0.01) and fit.bandwidth_Bps == pytest.approx(beta, rel=0.01)
+    assert fit.nranks == n and len(fit.points) == 5 and fit.source == "measured"
+    # a few percent of noise on every point still gives both within a few percent (relative-error fit)
+    noisy = fit_link(curve(alpha, beta, n, (1.03, 0.98, 1.02, 0.97, 1.01)), n)
+    assert noisy.latency_s == pytest.approx(alpha, rel=0.1) and noisy.bandwidth_Bps == pytest.approx(beta, rel=0.05)
+    # one point a busy machine made 4x slower is left out of the fit (and kept in the points)
+    hiccup = fit_link(curve(alpha, beta, n, (1, 4, 1, 1, 1)), n)
+    assert hiccup.latency_s == pytest.approx(alpha, rel=0.01) and hiccup.bandwidth_Bps == pytest.approx(beta, rel=0.01)
+    assert hiccup.points == tuple(curve(alpha, beta, n, (1, 4, 1, 1, 1)))
+
+
+def test_fit_link_keeps_latency_non_negative_and_bandwidth_positive() -> None:
+    # times that fall below the line through the origin at small sizes would give a negative intercept
+    pts = [(b, b / 1e9 * (0.5 if b < 2**20 else 1.0)) for b in SIZES]
+    fit = fit_link(pts, 2)
+    assert fit.latency_s == 0.0 and fit.bandwidth_Bps > 0
+    flat = fit_link([(b, 1e-3) for b in SIZES], 2)  # no size took longer: all latency, never a negative slope
+    assert flat.latency_s >= 0 and flat.bandwidth_Bps > 0
+    with pytest.raises(ValueError, match="no measured"):
+        fit_link([], 2)
+
+
+def test_ring_time_and_efficiency_arithmetic() -> None:
+    link = LinkFit(latency_s=1e-4, bandwidth_Bps=1e9, nranks=4)
+    # all-gather of 8 MB over 4 ranks: 3 steps of (100 us + 2 MB / 1 GB/s)
+    assert link.ring_time(8_000_000, 4, "all_gather") == pytest.approx(3 * (1e-4 + 2e-3))
+    assert link.ring_time(8_000_000, 4, "reduce_scatter") == link.ring_time(8_000_000, 4, "all_gather")
+    assert link.ring_time(8_000_000, 4, "all_reduce") == pytest.approx(2 * 3 * (1e-4 + 2e-3))
+    assert link.ring_time(8_000_000, 1, "all_reduce") == 0.0
+    assert link.efficiency(8_000_000, 4) == pytest.approx(2e-3 / 2.1e-3)
+    assert link.efficiency(1, 1) == 1.0
+    assert link.efficiency(link.size_for(0.8, 4), 4) == pytest.approx(0.8, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("text", "bps"),
+    [
+        ("25GB/s", 25e9),
+        ("25GiB/s", 25 * 2**30),
+        ("100Gbit/s", 12.5e9),
+        ("100Gb/s", 12.5e9),
+        ("100Gbps", 12.5e9),
+        ("800Mbit/s", 1e8),
+        ("1.5e9", 1.5e9),
+        (" 2 GB/s ", 2e9),
+        ("512MiB/s", 512 * 2**20),
+    ],
+)
+def test_parse_bandwidth_units(text: str, bps: float) -> None:
+    assert parse_bandwidth(text, "--bandwidth") == pytest.approx(bps)
+
+
+@pytest.mark.parametrize("bad", ["fast", "1..5", "0", "GB/s", "-1GB/s", "25XB/s", "inf"])
+def test_parse_bandwidth_says_what_value_and_an_example(bad: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_bandwidth(bad, "--inter-node-bandwidth")
+    msg = str(err.value)
+    assert msg.startswith("--inter-node-bandwidth: ") and repr(bad) in msg and "e.g. 25GB/s" in msg
+
+
+def profile(host: str = "node0", **kw: object) -> MachineProfile:
+    link = fit_link(curve(85e-6, 0.9e9, 2), 2)
+    return MachineProfile(host, "cpu", "AMD EPYC", 2, {"fp32": 0.17}, {"intra": link}, **kw)  # type: ignore[arg-type]
+
+
+def test_save_and_load_round_trip_per_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISTTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    assert cache_path() == tmp_path / "cache" / "machine.json" and load_machine("node0") is None
+    a, b = profile("node0", efficiency={"fp32": 0.5}), profile("node1", measured_at="2026-01-01T00:00:00")
+    assert save_machine(a) == cache_path() and save_machine(b) == cache_path()
+    data = json.loads(cache_path().read_text())
+    assert data["version"] == 1 and set(data["machines"]) == {"node0", "node1"}
+    got = load_machine("node0")
+    assert got is not None and got.measured_at  # stamped when saved
+    assert got == dataclasses.replace(a, measured_at=got.measured_at)
+    assert load_machine("node1") == b and load_machine("elsewhere") is None
+    assert [p.name for p in cache_path().parent.iterdir()] == ["machine.json"]  # no temporary file left
+
+
+def test_cache_path_falls_back_to_xdg_then_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISTTRAIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_path() == tmp_path / "xdg" / "disttrain" / "machine.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_path() == tmp_path / "home" / ".cache" / "disttrain" / "machine.json"
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"version": 1}', '{"version": 1, "machines": {"node0": [1, 2]}}'])
+def test_a_broken_cache_is_ignored_with_one_warning(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DISTTRAIN_CACHE_DIR", str(tmp_path))
+    (tmp_path / "machine.json").write_text(text)
+    assert load_machine("node0") is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: ignoring" in err and "machine.json" in err and "Traceback" not in err
+    save_machine(profile())  # doctor rewrites it
+    assert load_machine("node0") is not None
