@@ -43,6 +43,14 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
             "config": tiny_config(small_text, parallel={**par_fsdp, "forward_prefetch": 2, "backward_prefetch": 2}),
         },
         {
+            "name": "implicit",  # FSDP's own one-ahead order, no explicit prefetch
+            "config": tiny_config(small_text, parallel={**par_fsdp, "forward_prefetch": 0, "backward_prefetch": 0}),
+        },
+        {  # both blocks in one FSDP unit: one all-gather and one reduce-scatter for the pair
+            "name": "grouped",
+            "config": tiny_config(small_text, parallel={**par_fsdp, "blocks_per_unit": 2}),
+        },
+        {
             "name": "no_reshard",
             "config": tiny_config(small_text, parallel={**par_fsdp, "reshard_after_forward": "never"}),
         },
@@ -113,15 +121,19 @@ def test_fsdp_grads_are_not_reduced_before_the_last_micro_step(results: dict[str
     assert [s["grad_present"] for s in steps] == [False, False, False, True]
 
 
-def test_prefetch_and_reshard_change_the_schedule_not_the_numbers(results: dict[str, Any]) -> None:
+def test_prefetch_reshard_and_grouping_change_the_schedule_not_the_numbers(results: dict[str, Any]) -> None:
     r = results["fsdp2"][0]
-    default = [b["fwd"] for b in r["fp32"]["schedule"]["blocks"]]
-    prefetch = r["prefetch"]["schedule"]["blocks"]
-    assert default == [0, 0]
-    assert [b["fwd"] for b in prefetch] == [1, 0] and [b["bwd"] for b in prefetch] == [0, 1]
+    implicit = [b["fwd"] for b in r["implicit"]["schedule"]["blocks"]]
+    assert implicit == [0, 0]
+    for variant in ("fp32", "prefetch"):  # the default (auto, no plan in the Python API: one ahead) and 2 ahead
+        blocks = r[variant]["schedule"]["blocks"]
+        assert [b["fwd"] for b in blocks] == [1, 0] and [b["bwd"] for b in blocks] == [0, 1]
     assert [b["reshard"] for b in r["fp32"]["schedule"]["blocks"]] == [True, False]
     assert [b["reshard"] for b in r["no_reshard"]["schedule"]["blocks"]] == [False, False]
-    for variant in ("prefetch", "no_reshard"):
+    # one unit of both blocks: nothing to prefetch, and it stays gathered for backward (the last unit)
+    grouped = r["grouped"]["schedule"]["blocks"]
+    assert [b["fwd"] for b in grouped] == [0, 0] and [b["reshard"] for b in grouped] == [False, False]
+    for variant in ("prefetch", "implicit", "no_reshard", "grouped"):
         assert_close(losses(r, variant), losses(r, "fp32"), rtol=0, atol=0)
 
 

@@ -287,7 +287,8 @@ def check_link(measured: Path) -> list[Check]:
         device_name=name,
         cores=os.cpu_count() or 1,
         matmul_tflops=m.get("matmul_tflops", {}),
-        links={**(old.links if old else {}), **links},
+        # the latest fit per kind, and each one also under kind@ranks (a plan for that many ranks prefers it)
+        links={**(old.links if old else {}), **links, **{f"{k}@{f.nranks}": f for k, f in links.items()}},
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
         efficiency=old.efficiency if old else {},
     )
