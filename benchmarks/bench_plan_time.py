@@ -4,22 +4,26 @@ they really run, and how close are its times?
 For each model (the default GPT, 6 x 384; a model of many small blocks, 24 x 128) and each rank count (2 and 4,
 one thread per rank, gloo), the plan (:func:`disttrain.plan.estimate.plan_job` with this machine's cached
 ``disttrain doctor`` figures) predicts the step of DDP, FSDP, FSDP without reshard, and FSDP with one block per
-unit and with one unit for the whole model; then every variant runs, one fresh launch each
-(:func:`disttrain.plan.measure.measure`: a few steps, then the median of 3 timed ``train_step`` calls). Rounds
-rotate the order of the variants, so load drifting over the run hits all alike; the figure is the median over
-rounds. Goals: the predicted ranking equals the measured ranking, each predicted step within 25% of the
-measured one; the many-small-blocks model at least 1.3x faster with the chosen grouping than with one unit per
-block.
+unit and with one unit for the whole model. Then every variant trains in one launch per model and rank count (a
+Trainer each, in one process group), one timed ``train_step`` of each per round, the order rotating every round,
+so load drifting over the run hits all alike; the figure is the median over rounds of the slowest rank's step.
+Goals: the predicted ranking equals the measured ranking, each predicted step within 25% of the measured one;
+the many-small-blocks model at least 1.3x faster with the chosen grouping than with one unit per block.
 
-    .venv/bin/python benchmarks/bench_plan_time.py [--rounds 2] [--nproc 2,4] [--models default,small-blocks]
+    .venv/bin/python benchmarks/bench_plan_time.py [--rounds 3] [--nproc 2,4] [--models default,small-blocks]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 import _common as C
 
@@ -31,11 +35,13 @@ MODELS = {
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="timed steps of each variant (one per round)")
     p.add_argument("--nproc", default="2,4")
     p.add_argument("--models", default="default,small-blocks")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--dtype", default="auto", help="compute dtype (auto: what this host is fast in)")
+    p.add_argument("--spec", default=None, help=argparse.SUPPRESS)  # set for the workers
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -76,9 +82,37 @@ def variants(est: Any) -> dict[str, tuple[str, dict[str, Any], float]]:
     return out
 
 
+def worker(args: argparse.Namespace) -> None:
+    """One rank: a Trainer per variant in this process group, then rounds of one timed step of each (the order
+    rotating), a barrier before every step; the slowest rank's time counts."""
+    C.one_thread()
+    from disttrain.build import build_data, build_model, vocab_size
+    from disttrain.config import from_dict
+    from disttrain.dist.env import init_distributed
+    from disttrain.dist.mesh import SHARDED
+    from disttrain.train.trainer import Trainer
+
+    spec = json.loads(Path(args.spec).read_text())
+    env = init_distributed("cpu", threads=1)
+    trainers = {}
+    for name, raw in spec["variants"].items():
+        cfg = from_dict(raw)
+        train, _, text = build_data(cfg)
+        model = build_model(cfg, vocab_size(train, text), on_meta=cfg.parallel.strategy in SHARDED)
+        trainers[name] = Trainer(model, train, cfg, env=env)
+
+    def step(name: str) -> Any:
+        return lambda n: [trainers[name].train_step() for _ in range(n)]
+
+    times = C.interleave({n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1,
+                         before_block=dist.barrier)  # fmt: skip
+    C.write_rank_result(args.out, env.rank, C.slowest_rank(times))
+    C.finish_worker()
+
+
 def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any]:
-    from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision
-    from disttrain.plan.measure import measure
+    from disttrain.config import to_dict
+    from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision, with_parallel
     from disttrain.plan.timing import resolve_machine
     from disttrain.train.loss import cross_entropy
 
@@ -87,31 +121,17 @@ def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any
     layout = Layout(nproc, 1, resolve_device_memory("auto", "cpu", nproc))
     est = plan_job(cfg, layout, cross_entropy, machine)
     vs = variants(est)
-    measured: dict[str, list[float]] = {n: [] for n in vs}
-    comm: dict[str, list[float]] = {n: [] for n in vs}
+    strategy = {"ddp": "ddp", "fsdp": "fsdp", "fsdp_no_reshard": "fsdp"}
+    configs = {}
+    for name, (col, tuned, _) in vs.items():
+        extra = {"reshard_after_forward": "never"} if col == "fsdp_no_reshard" else {}
+        configs[name] = to_dict(with_parallel(cfg, strategy=strategy[col], **tuned, **extra))
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
+        spec = Path(tmp) / "spec.json"
+        spec.write_text(json.dumps({"variants": configs}))
+        measured = C.launch_and_collect(nproc, Path(__file__), ["--rounds", str(args.rounds), "--spec", str(spec)])[0]
     names = list(vs)
-    for r in range(args.rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            col, tuned, _ = vs[name]
-            res = measure(cfg, nproc, [col], tuned={col: tuned})[col]
-            if "error" in res:
-                raise SystemExit(f"{model} x {nproc} {name}: {res['error']}")
-            measured[name].append(res["step_s"])
-            comm[name].append(res["comm_s"])
-            print(
-                f"  {model} x{nproc} {name}: {res['step_s'] * 1e3:.0f} ms (comm {res['comm_s'] * 1e3:.0f} ms)",
-                flush=True,
-            )
-    rows = {
-        n: {
-            "predicted_s": vs[n][2],
-            "measured_s": C.median(measured[n]),
-            "comm_measured_s": C.median(comm[n]),
-            "runs": measured[n],
-        }
-        for n in names
-    }
+    rows = {n: {"predicted_s": vs[n][2], "measured_s": C.median(measured[n]), "runs": measured[n]} for n in names}
     pred_rank = sorted(names, key=lambda n: rows[n]["predicted_s"])
     meas_rank = sorted(names, key=lambda n: rows[n]["measured_s"])
     chosen = next(n for n in names if n.startswith("fsdp (") and "chosen" in n)
@@ -132,13 +152,10 @@ def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any
 
 def print_group(g: dict[str, Any]) -> None:
     print(f"\n{g['model']} x {g['nproc']} ranks (auto recommends {g['recommendation']})")
-    print(f"{'variant':<34}{'predicted':>11}{'measured':>11}{'error':>8}{'comm meas.':>12}")
+    print(f"{'variant':<34}{'predicted':>11}{'measured':>11}{'error':>8}")
     for n, r in sorted(g["rows"].items(), key=lambda kv: kv[1]["measured_s"]):
         err = (r["predicted_s"] - r["measured_s"]) / r["measured_s"] * 100
-        print(
-            f"{n:<34}{r['predicted_s'] * 1e3:>9.0f}ms{r['measured_s'] * 1e3:>9.0f}ms{err:>7.1f}%"
-            f"{r['comm_measured_s'] * 1e3:>10.0f}ms"
-        )
+        print(f"{n:<34}{r['predicted_s'] * 1e3:>9.0f}ms{r['measured_s'] * 1e3:>9.0f}ms{err:>7.1f}%")
     print(f"ranking matches: {g['ranking_matches']}  (predicted {' < '.join(g['predicted_ranking'])})")
     print(
         f"max error {g['max_error_pct']:.1f}% (goal <= 25%); chosen grouping vs one block per unit: "
@@ -148,6 +165,9 @@ def print_group(g: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    if C.is_worker():
+        worker(args)
+        return
     C.print_machine()
     groups = []
     for model in args.models.split(","):

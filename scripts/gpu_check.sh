@@ -12,6 +12,32 @@ if [ ! -x .venv/bin/disttrain ]; then
   .venv/bin/pip install -q -e . || .venv/bin/pip install -q --no-deps -e .
 fi
 DT=.venv/bin/disttrain
+# PART=plan: only the step-time plan and torch.compile on this GPU (issue 18), ~3 minutes.
+if [ "${PART:-all}" = plan ]; then
+  PLAN=(--train.micro-batch 32 --train.global-batch 32 --precision.dtype bf16)
+  $DT estimate --nproc 1 "${PLAN[@]}" --explain 2>&1 | tee "$OUT/estimate_plan.txt" | grep -E "step|compute|recommended|peak"
+  for c in off blocks; do
+    $DT run "${PLAN[@]}" --train.steps 40 --train.eval-interval 0 --train.generate-chars 0 \
+      --metrics.log-interval 10 --parallel.nproc 1 --parallel.compile $c --run.root "$OUT/runs" \
+      --run.name "compile-$c" 2>&1 | tail -2
+  done
+  .venv/bin/python - "$OUT" <<'PY' | tee "$OUT/plan_summary.txt"
+import json, re, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def last(name):
+    return [json.loads(x) for x in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()][-1]
+off, blk = last("compile-off"), last("compile-blocks")
+print(f"compile blocks / off tokens/s = {blk['tokens_per_s'] / off['tokens_per_s']:.2f}x; "
+      f"MFU off {off['mfu'] * 100:.1f}%, blocks {blk['mfu'] * 100:.1f}%")
+text = (out / "estimate_plan.txt").read_text()
+m = re.search(r"step, with overlap \*\s+(\d+) ms", text)
+if m:
+    print(f"predicted step {m.group(1)} ms vs measured {off['step_time_s'] * 1e3:.0f} ms (compile off), "
+          f"{blk['step_time_s'] * 1e3:.0f} ms (blocks)")
+PY
+  exit 0
+fi
 .venv/bin/python - <<'PY' | tee "$OUT/env.txt"
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
