@@ -205,6 +205,10 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
         skipped=res.skipped_steps,
     )
     out["tokens_per_s"] = res.tokens_per_s
+    if cfg.parallel.compile != "off":
+        from torch._dynamo.utils import counters
+
+        out["compiled_graphs"] = counters["stats"]["unique_graphs"]
     return out
 
 

@@ -55,6 +55,13 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
             "config": tiny_config(small_text, parallel={**par_fsdp, "reshard_after_forward": "never"}),
         },
         {"name": "sync", **sync, "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 2})},
+        # compiled blocks, each inside its activation checkpoint, sharded by fully_shard (see test_compile.py)
+        {
+            "name": "compile",
+            "config": tiny_config(
+                small_text, parallel={**par_fsdp, "compile": "blocks", "activation_checkpointing": "full"}
+            ),
+        },
     ]
 
     def guards(strategy: str) -> list[dict[str, Any]]:
@@ -119,6 +126,13 @@ def test_ddp_grads_are_not_synced_before_the_last_micro_step(results: dict[str, 
 def test_fsdp_grads_are_not_reduced_before_the_last_micro_step(results: dict[str, Any]) -> None:
     steps = results["fsdp2"][0]["sync"]["micro_steps"]
     assert [s["grad_present"] for s in steps] == [False, False, False, True]
+
+
+def test_compiled_checkpointed_blocks_under_fsdp_match_single_process(results: dict[str, Any]) -> None:
+    ref = losses(results["single"][0], "fp32")
+    for rank_result in results["fsdp2"]:
+        assert rank_result["compile"]["compiled_graphs"] >= 1, "the blocks must really have been compiled"
+        assert_close(losses(rank_result, "compile"), ref, **FP32)
 
 
 def test_prefetch_reshard_and_grouping_change_the_schedule_not_the_numbers(results: dict[str, Any]) -> None:

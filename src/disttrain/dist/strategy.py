@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
 from disttrain.dist.activation import apply_activation_checkpointing
+from disttrain.dist.compile import apply_compile
 from disttrain.dist.env import resolve_precision
 from disttrain.dist.fsdp import apply_fsdp, find_blocks
 from disttrain.dist.mesh import ParallelDims
@@ -118,8 +119,10 @@ def parallelize(
     device = device or current_device()
     precision = resolve_precision(precision, device.type)
     _check_layout(dims, parallel)
+    blocks = find_blocks(model, parallel.shard_modules)
+    apply_compile(model, blocks, parallel.compile, device.type, checkpointing=parallel.activation_checkpointing)
     if parallel.activation_checkpointing != "none":
-        apply_activation_checkpointing(find_blocks(model, parallel.shard_modules), parallel.activation_checkpointing)
+        apply_activation_checkpointing(blocks, parallel.activation_checkpointing)
     if dims.fsdp_enabled:
         apply_fsdp(
             model,
@@ -128,6 +131,7 @@ def parallelize(
             reduce_dtype=precision.reduce_dtype,
             shard_modules=parallel.shard_modules,
             reshard_after_forward=parallel.reshard_after_forward,
+            blocks_per_unit=parallel.blocks_per_unit,
             forward_prefetch=parallel.forward_prefetch,
             backward_prefetch=parallel.backward_prefetch,
             offload=parallel.offload,

@@ -27,6 +27,12 @@ class GPTConfig:
     dropout: float = 0.0
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: where bf16 matmuls on the CPU are fast (elsewhere torch emulates them)."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -34,16 +40,19 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
+        self.bmm_on_cpu = cpu_has_fast_bf16()  # low-precision attention by batched matmuls (see forward)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         h, d = self.n_heads, c // self.n_heads
         q, k, v = self.qkv(x).view(b, t, 3, h, d).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or q.dtype == torch.float32 or not self.bmm_on_cpu:
+            # fp32 on CPU: SDPA's flash kernel (it skips the masked half) is ~1.28x faster than the matmuls
+            # below (attention forward + backward, AMD EPYC AVX2); bf16 without AMX: ~2x.
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:
-            # On CPU, batched matmuls beat SDPA's flash kernel in bf16 (~1.17x per step, benchmarks/bench_mfu.py).
+            # bf16 on a CPU with AMX: batched matmuls beat SDPA's flash kernel (~1.17x per step, bench_mfu.py).
             q, k, v = (z.reshape(b * h, t, d) for z in (q, k, v))
             mask = torch.full((t, t), float("-inf"), device=x.device, dtype=q.dtype).triu(1)
             scores = torch.baddbmm(mask.expand(b * h, t, t), q, k.transpose(1, 2), alpha=1.0 / math.sqrt(d))
