@@ -29,7 +29,7 @@ def explain_plan(est: Estimate, cfg: JobConfig) -> str:
 
 def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
     tried = est.groupings.get(col, {})
-    if not tried or est.machine is None:
+    if not tried or est.machine is None or est.layout.world <= 1:
         return ""
     lay, prof = est.layout, est.profile
     shard = lay.nproc if col == "hsdp" else lay.world
@@ -60,7 +60,7 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
 
 def _prefetch(est: Estimate) -> str:
     t = est.times.get("fsdp")
-    if t is None or est.machine is None:
+    if t is None or est.machine is None or est.layout.world <= 1:
         return ""
     if not est.machine.overlap:
         return (

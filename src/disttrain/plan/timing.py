@@ -33,9 +33,11 @@ DEFAULT_EFFICIENCY = {"cpu": 0.5, "cuda": 0.4}
 # FSDP2's fixed cost per unit and pass (pre/post hooks, copy-in/copy-out, DTensor views), measured on CPU by
 # benchmarks/bench_plan_time.py (24 blocks vs 1 unit); on CUDA it is hidden behind the kernel queue.
 UNIT_OVERHEAD_S = {"cpu": 6e-3, "cuda": 1e-4}
-# Framework time per dispatched operator (Python, dispatcher, autograd bookkeeping) on a CPU core: what a small
-# model's step is made of; on CUDA it overlaps the kernels queued before it.
-OP_OVERHEAD_S = {"cpu": 12e-6, "cuda": 0.0}
+# Framework time per dispatched operator (Python, dispatcher, autograd bookkeeping, the kernel launch): what a
+# small model's step is made of. On a CPU it adds to the FLOPs' time; on CUDA the launches run ahead of the
+# kernels, so the step is the longer of the two (measured on an H200: the default GPT at micro-batch 32 takes
+# 10 ms for 1 ms of FLOPs: ~1,000 operators of ~10 us).
+OP_OVERHEAD_S = {"cpu": 12e-6, "cuda": 10e-6}
 # Links assumed when nothing was measured and no --bandwidth was given: gloo over loopback; NVLink; 100 Gbit/s.
 DEFAULT_LINKS = {
     "cpu": {"intra": (100e-6, 1e9), "inter": (200e-6, 0.125e9)},
@@ -82,10 +84,12 @@ class Machine:
         return self.tflops * 1e12 * self.efficiency * threads * share
 
     def compute_s(self, flops: float, ops: int, nproc: int) -> float:
-        """Seconds of one rank's compute: its FLOPs at the rate it reaches, plus the framework time of the
-        operators forward and backward dispatch (about twice the forward's in backward)."""
+        """Seconds of one rank's compute: its FLOPs at the rate it reaches, and the framework time of the operators
+        forward and backward dispatch (about twice the forward's in backward): their sum on a CPU, the longer of
+        the two on CUDA (launches run ahead of the kernels)."""
         _, share = self.core_share(nproc)
-        return flops / self.rank_flops(nproc) + 3 * ops * OP_OVERHEAD_S[self.device] / share
+        flops_s, ops_s = flops / self.rank_flops(nproc), 3 * ops * OP_OVERHEAD_S[self.device] / share
+        return max(flops_s, ops_s) if self.device == "cuda" else flops_s + ops_s
 
 
 def resolve_machine(
