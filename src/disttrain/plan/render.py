@@ -110,7 +110,7 @@ def machine_line(est: Estimate) -> str:
         f"* predicted step ({how}); "
         f"links: {links}; peak {m.tflops:.3g} TFLOP/s per {'device' if m.device == 'cuda' else 'thread'} "
         f"({m.sources.get('peak', '?')}) x efficiency {m.efficiency:.2f} ({m.sources.get('efficiency', '?')})"
-        + ("; run `disttrain doctor` to measure this machine's links" if "default" in m.sources.values() else "")
+        + ("; run `disttrain doctor` to measure this machine's links" if m.sources.get("intra") == "default" else "")
     )
 
 
