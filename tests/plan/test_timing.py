@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from test_memory import Tiny  # 376 parameters: root 160 (embedding, head), 3 blocks of 72
 
 from disttrain.config import from_dict
 from disttrain.errors import ConfigError
@@ -24,22 +24,6 @@ from disttrain.train.loss import cross_entropy
 from conftest import disttrain
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Tiny(nn.Module):
-    """Root: embedding 10x8 + head 10x8 (160); 3 blocks of 8x8 + 8 (72 each)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(10, 8)
-        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
-        self.head = nn.Linear(8, 10, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.emb(x)
-        for b in self.blocks:
-            h = torch.relu(b(h))
-        return self.head(h)
 
 
 def tiny_profile(micro_batch: int = 2):  # type: ignore[no-untyped-def]

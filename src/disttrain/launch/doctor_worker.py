@@ -7,6 +7,7 @@ curves and matmul peak to ``<out_dir>/machine.json`` (the launcher fits and cach
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import socket
@@ -127,19 +128,26 @@ def _gather_curve(
     for total in sizes:
         x = torch.ones(max(1, total // 4 // n), dtype=torch.float32, device=device)
         out = torch.empty(x.numel() * n, dtype=torch.float32, device=device)
-        times = []
-        for i in range(iters + 1):
-            dist.barrier(group=group)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            gather(out, x, group=group)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if i:  # the first one sets up buffers and connections
-                times.append(time.perf_counter() - t0)
+        times = _timed(functools.partial(gather, out, x, group=group), group, device, iters)
         points.append((out.numel() * 4, statistics.median(times)))
     return points
+
+
+def _timed(op: Any, group: Any, device: torch.device, iters: int) -> list[float]:
+    """Seconds of ``iters`` calls of the collective ``op`` after one untimed call (it sets up buffers and
+    connections), every rank of ``group`` starting together (a barrier before each)."""
+    times = []
+    for i in range(iters + 1):
+        dist.barrier(group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 def _matmul_tflops(device: torch.device) -> dict[str, float]:
@@ -164,17 +172,7 @@ def _matmul_tflops(device: torch.device) -> dict[str, float]:
 def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.device, iters: int = 5) -> float:
     """Payload GB/s per rank of an all-reduce of ``nbytes`` within ``group``."""
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    times = []
-    for i in range(iters + 1):
-        dist.barrier(group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dist.all_reduce(x, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
+    times = _timed(lambda: dist.all_reduce(x, group=group), group, device, iters)
     return nbytes / statistics.median(times) / 1e9
 
 
