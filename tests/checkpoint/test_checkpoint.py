@@ -19,7 +19,7 @@ from disttrain.checkpoint import CheckpointManager, ModelOptimState, inspect_fol
 from disttrain.config import CheckpointConfig
 from disttrain.models.gpt import GPT, GPTConfig
 
-from conftest import disttrain, run_scenario, tiny_config
+from conftest import disttrain, run_scenario, tiny_config, together
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -44,10 +44,19 @@ def losses_by_step(run: Path) -> dict[int, float]:
     return out
 
 
-@pytest.mark.slow
-def test_kill9_restart_resumes_the_exact_trajectory(tmp_path: Path, small_text: Path) -> None:
-    ref = disttrain(*tiny_args(small_text, tmp_path, "ref"), cwd=tmp_path)
+@pytest.fixture(scope="module")
+def ref_run(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> Path:
+    """The plain 12-step job of tiny_args (checkpoints at 4, 8, 12), run once: the trajectory a restarted job must
+    reproduce, the run a failing load resumes (a copy of it), the from-scratch start a seed checkpoint must change."""
+    root = tmp_path_factory.mktemp("ckpt-ref")
+    ref = disttrain(*tiny_args(small_text, root, "r"), cwd=root)
     assert ref.returncode == 0, ref.stderr[-3000:]
+    assert sorted(losses_by_step(root / "r")) == list(range(1, 13))
+    return root / "r"
+
+
+@pytest.mark.slow
+def test_kill9_restart_resumes_the_exact_trajectory(tmp_path: Path, small_text: Path, ref_run: Path) -> None:
     crash = disttrain(
         *tiny_args(small_text, tmp_path, "crash", "--launch.max-restarts", "1"),
         cwd=tmp_path,
@@ -58,7 +67,7 @@ def test_kill9_restart_resumes_the_exact_trajectory(tmp_path: Path, small_text: 
     m = re.search(r"resumed from \S+step-(\d{8}) \(step (\d+), sample (\d+)\)", crash.stdout)
     assert m, crash.stdout
     assert int(m.group(1)) in (4, 8) and int(m.group(3)) == int(m.group(2)) * 16
-    want, got = losses_by_step(tmp_path / "ref"), losses_by_step(tmp_path / "crash")
+    want, got = losses_by_step(ref_run), losses_by_step(tmp_path / "crash")
     assert sorted(got) == list(range(1, 13))
     assert got == want  # bitwise: fp32 on CPU, same data order, same optimizer and scheduler state
     # the run folder's failure log names the killed rank and where the restart resumed (disttrain.health)
@@ -127,11 +136,11 @@ def test_a_dead_background_save_process_is_replaced_at_the_next_save(tmp_path: P
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_load_failing_on_one_rank_stops_every_rank_naming_it(tmp_path: Path, small_text: Path) -> None:
+def test_a_load_failing_on_one_rank_stops_every_rank_naming_it(tmp_path: Path, small_text: Path, ref_run: Path) -> None:
     # Ranks plan and read a checkpoint on their own: a read error on rank 1 alone must still stop both ranks
     # with one clear error (no hang of rank 0 in the first training collective, no torch traceback).
     args = tiny_args(small_text, tmp_path, "r")
-    assert disttrain(*args, cwd=tmp_path).returncode == 0
+    shutil.copytree(ref_run, tmp_path / "r")  # the finished 12-step run of these args, to go on from
     proc = disttrain(*args, "--train.steps", "16", cwd=tmp_path, env={"DISTTRAIN_FAULT": "read_error:12:1"})
     assert proc.returncode != 0
     err = proc.stderr
@@ -160,7 +169,10 @@ def reshard(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
     f4, f2 = tmp / "fsdp4", tmp / "ddp2"
     from4 = str(f4 / "step-00000006")
     out = {"fsdp4": run_scenario(tmp, "save4", 4, [spec("save", "fsdp", 4, f4)])}
-    out["ddp2"] = run_scenario(tmp, "ddp2", 2, [spec("load4", "ddp", 8, f2, resume=from4), spec("save", "ddp", 8, f2)])
+    out["ddp2"], out["single"] = together(
+        lambda: run_scenario(tmp, "ddp2", 2, [spec("load4", "ddp", 8, f2, resume=from4), spec("save", "ddp", 8, f2)]),
+        lambda: run_scenario(tmp, "single", 1, [spec("load4", "single", 8, tmp / "z", resume=from4)]),
+    )
     out["fsdp2"] = run_scenario(
         tmp,
         "fsdp2",
@@ -168,7 +180,6 @@ def reshard(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         [spec("load4", "fsdp", 8, tmp / "x", resume=from4),
          spec("load_ddp", "fsdp", 8, tmp / "y", resume=str(f2 / "step-00000006"))],
     )  # fmt: skip
-    out["single"] = run_scenario(tmp, "single", 1, [spec("load4", "single", 8, tmp / "z", resume=from4)])
     return out
 
 
@@ -317,7 +328,7 @@ def test_malicious_metadata_is_refused_not_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_seed_checkpoint_starts_runs_of_any_world_size(tmp_path: Path, small_text: Path) -> None:
+def test_seed_checkpoint_starts_runs_of_any_world_size(tmp_path: Path, small_text: Path, ref_run: Path) -> None:
     def run(name: str, *extra: str) -> list[float]:
         proc = disttrain(*tiny_args(small_text, tmp_path, name, "--train.steps", "3", *extra), cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -327,11 +338,13 @@ def test_seed_checkpoint_starts_runs_of_any_world_size(tmp_path: Path, small_tex
     assert seed.returncode == 0, seed.stderr[-3000:]
     assert "seed checkpoint:" in seed.stdout and "single on 1 cpu process(es)" in seed.stdout
     path = str(tmp_path / "seed" / "checkpoints" / "step-00000000")
-    fsdp = run("fsdp", "--checkpoint.resume", path, "--parallel.strategy", "fsdp")
-    ddp = run("ddp", "--checkpoint.resume", path, "--parallel.strategy", "ddp")
-    scratch = run("scratch", "--parallel.strategy", "ddp")
+    fsdp, ddp = together(
+        lambda: run("fsdp", "--checkpoint.resume", path, "--parallel.strategy", "fsdp"),
+        lambda: run("ddp", "--checkpoint.resume", path, "--parallel.strategy", "ddp"),
+    )
+    scratch = losses_by_step(ref_run)[1]  # step 1 of the same job from scratch (default seed)
     assert_close(torch.tensor(fsdp), torch.tensor(ddp), rtol=1e-5, atol=1e-5)
-    assert fsdp[0] != pytest.approx(scratch[0], abs=1e-4)  # the weights came from the seed (train.seed 99)
+    assert fsdp[0] != pytest.approx(scratch, abs=1e-4)  # the weights came from the seed (train.seed 99)
 
 
 @pytest.mark.slow

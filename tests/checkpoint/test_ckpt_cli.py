@@ -3,6 +3,7 @@ what they show, what `verify` reports for each kind of damage, and exports loada
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -19,7 +20,7 @@ from disttrain.cli import main
 from disttrain.errors import CheckpointError
 from disttrain.models.gpt import GPT, GPTConfig
 
-from conftest import disttrain
+from conftest import disttrain, together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -33,8 +34,11 @@ GPT_CFG = GPTConfig(vocab_size=81, n_layers=2, d_model=64, n_heads=2, context=32
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two real 2-rank jobs, checkpointing at steps 4 and 8: one DDP (the default), one FSDP."""
     root = tmp_path_factory.mktemp("ckpt-runs")
-    for name, extra in (("ddp", []), ("fsdp", ["--parallel.strategy", "fsdp"])):
-        proc = disttrain("run", *TINY.split(), "--run.root", str(root), "--run.name", name, *extra)
+    procs = together(
+        *(functools.partial(disttrain, "run", *TINY.split(), "--run.root", str(root), "--run.name", name, *extra)
+          for name, extra in (("ddp", []), ("fsdp", ["--parallel.strategy", "fsdp"])))
+    )  # fmt: skip
+    for proc in procs:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"ddp": root / "ddp", "fsdp": root / "fsdp"}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from disttrain.config import JobConfig, apply_overrides
 from disttrain.errors import ConfigError
 
-from conftest import disttrain
+from conftest import disttrain, together
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,28 +29,41 @@ def assert_one_line_error(proc, *needles: str) -> str:
     return line
 
 
-@pytest.mark.parametrize(
-    ("args", "needles"),
-    [
-        (["--train.stepz", "3"], ["unknown option --train.stepz", "did you mean --train.steps"]),
-        (["--trian.steps", "3"], ["unknown option", "--train.steps"]),
-        (["--train.global-batch", "30", "--train.micro-batch", "8"], ["multiple of", "(30)", "try"]),
-        (["--parallel.nproc", "512"], ["parallel.nproc (512)", "larger than"]),
-        (["--model.module", "no_such_pkg.models:build"], ["cannot import module 'no_such_pkg.models'"]),
-        (["--model.module", "json:no_such_fn"], ["has no callable 'no_such_fn'"]),
-        (["--parallel.strategy", "fsdpp"], ["fsdpp"]),
-        (["--train.steps", "0"], ["train.steps must be >= 1, got 0"]),
-        (["--model.n-heads", "5"], ["model.n_heads (5) must divide model.d_model (384)", "try"]),
-        (["--train.steps", "many"], ["many"]),
-        (["--train.steps", "ten"], ["--train.steps: expected an integer, got 'ten'", "Optimizer steps."]),
-        (["--precision.dtype", "fp64"], ["invalid choice 'fp64'", "--precision.dtype", "'bf16'"]),
-        (["--train.steps"], ["Missing value for argument '--train.steps'"]),
-        (["--config", "/no/such.toml"], ["does not exist"]),
-    ],
-)
-def test_bad_option_is_one_clear_line(tmp_path: Path, args: list[str], needles: list[str]) -> None:
-    assert_one_line_error(disttrain("run", *args, cwd=tmp_path), *needles)
-    assert not (tmp_path / "runs").exists(), "no run folder may be made for a rejected config"
+BAD_OPTIONS = [
+    (["--train.stepz", "3"], ["unknown option --train.stepz", "did you mean --train.steps"]),
+    (["--trian.steps", "3"], ["unknown option", "--train.steps"]),
+    (["--train.global-batch", "30", "--train.micro-batch", "8"], ["multiple of", "(30)", "try"]),
+    (["--parallel.nproc", "512"], ["parallel.nproc (512)", "larger than"]),
+    (["--model.module", "no_such_pkg.models:build"], ["cannot import module 'no_such_pkg.models'"]),
+    (["--model.module", "json:no_such_fn"], ["has no callable 'no_such_fn'"]),
+    (["--parallel.strategy", "fsdpp"], ["fsdpp"]),
+    (["--train.steps", "0"], ["train.steps must be >= 1, got 0"]),
+    (["--model.n-heads", "5"], ["model.n_heads (5) must divide model.d_model (384)", "try"]),
+    (["--train.steps", "many"], ["many"]),
+    (["--train.steps", "ten"], ["--train.steps: expected an integer, got 'ten'", "Optimizer steps."]),
+    (["--precision.dtype", "fp64"], ["invalid choice 'fp64'", "--precision.dtype", "'bf16'"]),
+    (["--train.steps"], ["Missing value for argument '--train.steps'"]),
+    (["--config", "/no/such.toml"], ["does not exist"]),
+]
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """`disttrain run` with each of BAD_OPTIONS, from an empty folder of its own, two commands at a time (each is
+    an interpreter and torch's import: one core): {the options: (the command, its folder)}."""
+    folders = [tmp_path_factory.mktemp("rejected") for _ in BAD_OPTIONS]
+    done = together(*(functools.partial(disttrain, "run", *args, cwd=cwd)
+                      for (args, _), cwd in zip(BAD_OPTIONS, folders, strict=True)), at_once=2)  # fmt: skip
+    return {" ".join(args): (proc, cwd) for (args, _), proc, cwd in zip(BAD_OPTIONS, done, folders, strict=True)}
+
+
+@pytest.mark.parametrize(("args", "needles"), BAD_OPTIONS)
+def test_bad_option_is_one_clear_line(
+    rejected: dict[str, tuple[subprocess.CompletedProcess[str], Path]], args: list[str], needles: list[str]
+) -> None:
+    proc, cwd = rejected[" ".join(args)]
+    assert_one_line_error(proc, *needles)
+    assert not (cwd / "runs").exists(), "no run folder may be made for a rejected config"
 
 
 @pytest.mark.parametrize(

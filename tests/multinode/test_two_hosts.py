@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 from netns_hosts import Host, two_hosts, why_not
 
-from conftest import disttrain, metric_steps, tiny_cli_args
+from conftest import disttrain, metric_steps, tiny_cli_args, together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 if (reason := why_not()) is not None:
@@ -64,11 +64,11 @@ def losses(run: Path) -> torch.Tensor:
 
 
 def test_hsdp_over_two_hosts_equals_one_process_and_resumes_on_one_host(tmp_path: Path, small_text: Path) -> None:
-    ref = disttrain(*job(small_text, tmp_path, "single", 8, "--parallel.nproc", "1", "--parallel.strategy", "single"))
-    assert ref.returncode == 0, ref.stderr[-3000:]
     with two_hosts() as (a, b):
         args = job(small_text, tmp_path, "hsdp", 6, "--parallel.strategy", "hsdp")
-        ra, rb = on_two_hosts(a, b, args)
+        single = job(small_text, tmp_path, "single", 8, "--parallel.nproc", "1", "--parallel.strategy", "single")
+        ref, (ra, rb) = together(lambda: disttrain(*single), lambda: on_two_hosts(a, b, args))  # independent jobs
+        assert ref.returncode == 0, ref.stderr[-3000:]
         assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
         assert_close(losses(tmp_path / "hsdp"), losses(tmp_path / "single")[:6], rtol=1e-5, atol=1e-5)
         # host A alone, 2 ranks of FSDP, goes on from the 2-host checkpoint (DCP reshards 4 ranks -> 2)

@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 from disttrain.ps.clicks import ClickLog, write_criteo
 
-from conftest import BIN, child_env, disttrain
+from conftest import BIN, child_env, disttrain, together
 
 SMALL = ["--tables", "1000", "500", "50", "--dim", "8", "--hidden", "16", "--steps", "8", "--eval-every", "0",
          "--eval-samples", "2000", "--dense-lr", "0.01"]  # fmt: skip
@@ -31,11 +31,29 @@ def ps_job(
     return records, json.loads((run / "summary.json").read_text())
 
 
+# BSP over 2 trainers x 2 servers, 12 steps, server checkpoints every 4: the reference of the BSP equalities and
+# the clean run the killed runs must reproduce (one launch for both tests)
+TWO_BY_TWO = ["--trainers", "2", "--servers", "2", "--batch", "64", "--mode", "bsp", "--steps", "12",
+              "--checkpoint-every", "4"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bsp_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    return ps_job(tmp_path_factory.mktemp("ps-bsp"), "bsp", *TWO_BY_TWO)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(tmp_path: Path) -> None:
-    bsp, summary = ps_job(tmp_path, "bsp", "--trainers", "2", "--servers", "2", "--batch", "64", "--mode", "bsp")
-    one, ref = ps_job(tmp_path, "one", "--trainers", "1", "--servers", "1", "--batch", "128")
+def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
+    tmp_path: Path, bsp_2x2: tuple[list[dict[str, Any]], dict[str, Any]]
+) -> None:
+    bsp, summary = bsp_2x2
+    assert [r["step"] for r in bsp] == list(range(1, 13))
+    (one, ref), (on_server, _) = together(
+        lambda: ps_job(tmp_path, "one", "--trainers", "1", "--servers", "1", "--batch", "128", "--steps", "12"),
+        # the dense part on server 0 instead of DDP: a step's two gradients averaged into one Adam step
+        lambda: ps_job(tmp_path, "server", "--trainers", "2", "--batch", "64", "--steps", "12", "--dense", "server"),
+    )
     losses = torch.tensor([r["loss"] for r in bsp], dtype=torch.float64)
     assert_close(losses, torch.tensor([r["loss"] for r in one], dtype=torch.float64), rtol=1e-5, atol=1e-6)
     assert losses[-1] < losses[0]
@@ -45,7 +63,8 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(tmp_path
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]
-    two = [*SMALL, "--trainers", "2", "--servers", "2", "--batch", "64", "--run-root", str(tmp_path / "nodes")]
+    two = [*SMALL, "--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "12", "--run-root",
+           str(tmp_path / "nodes")]  # fmt: skip
     other = subprocess.Popen([str(BIN / "disttrain"), "ps", *two, "--run-name", "n", *nodes, "1"], env=child_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     proc = disttrain("ps", *two, "--run-name", "n", *nodes, "0", timeout=200)
@@ -53,8 +72,6 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(tmp_path
     assert proc.returncode == 0 and other.returncode == 0, proc.stderr[-2000:] + err[-2000:]
     metrics = [json.loads(x) for x in (tmp_path / "nodes" / "n" / "metrics.jsonl").read_text().splitlines()]
     assert_close(torch.tensor([r["loss"] for r in metrics], dtype=torch.float64), losses, rtol=1e-5, atol=1e-6)
-    # the dense part on server 0 instead of DDP: a step's two gradients averaged into one Adam step
-    on_server, _ = ps_job(tmp_path, "server", "--trainers", "2", "--batch", "64", "--dense", "server")
     assert_close(torch.tensor([r["loss"] for r in on_server], dtype=torch.float64), losses, rtol=1e-5, atol=1e-6)
 
 
@@ -72,13 +89,15 @@ def test_ssp_keeps_its_bound_with_a_slow_trainer_and_asp_never_waits(tmp_path: P
 
 
 def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:
-    proc = disttrain("ps", "--servers", "0", "--run-root", str(tmp_path), timeout=60)
-    assert proc.returncode == 2 and "ps.servers must be >= 1, got 0" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
-    proc = disttrain("ps", "--dense", "ddp", "--mode", "asp", "--run-root", str(tmp_path), timeout=60)
-    assert proc.returncode == 2 and "use --dense server (or auto) with --mode asp" in proc.stderr, proc.stderr
-    proc = disttrain("ps", "--launch.nnodes", "3", "--launch.rdzv-endpoint", "h:1", "--run-root", str(tmp_path))
-    assert proc.returncode == 2 and "4 processes (2 trainers + 2 servers)" in proc.stderr, proc.stderr
+    servers, dense, nodes = together(
+        lambda: disttrain("ps", "--servers", "0", "--run-root", str(tmp_path), timeout=60),
+        lambda: disttrain("ps", "--dense", "ddp", "--mode", "asp", "--run-root", str(tmp_path), timeout=60),
+        lambda: disttrain("ps", "--launch.nnodes", "3", "--launch.rdzv-endpoint", "h:1", "--run-root", str(tmp_path)),
+    )
+    assert servers.returncode == 2 and "ps.servers must be >= 1, got 0" in servers.stderr, servers.stderr
+    assert "Traceback" not in servers.stderr
+    assert dense.returncode == 2 and "use --dense server (or auto) with --mode asp" in dense.stderr, dense.stderr
+    assert nodes.returncode == 2 and "4 processes (2 trainers + 2 servers)" in nodes.stderr, nodes.stderr
 
 
 @pytest.mark.slow
@@ -88,16 +107,19 @@ def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
     write_criteo(data, ClickLog([100] * 26, n_dense=13, seed=2), 600)
     args = ["--data-path", str(data), "--tables", "100", "--trainers", "1", "--servers", "2", "--steps", "4",
             "--batch", "64", "--eval-samples", "200", "--run-root", str(tmp_path), "--run-name", "criteo"]  # fmt: skip
-    proc = disttrain("ps", *args, timeout=200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    final = json.loads((tmp_path / "criteo" / "summary.json").read_text())["final"]
-    assert 0.0 <= final["auc"] <= 1.0 and final["logloss"] > 0
     # server0 (rank 1) dies applying step 3: the restarted job resumes after step 2 and reads the file on
     # from there, so its last steps equal the uninterrupted run's
     kill = {"DISTTRAIN_FAULT": "ps_server_kill:3:1"}
     more = ["--checkpoint-every", "2", "--launch.max-restarts", "1"]
-    proc = disttrain("ps", *args[:-1], "criteo-killed", *more, timeout=200, env=kill)
+    proc, killed_proc, bad = together(
+        lambda: disttrain("ps", *args, timeout=200),
+        lambda: disttrain("ps", *args[:-1], "criteo-killed", *more, timeout=200, env=kill),
+        lambda: disttrain("ps", *args[:-2], "--run-name", "bad", "--tables", "100", "200", timeout=60),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    final = json.loads((tmp_path / "criteo" / "summary.json").read_text())["final"]
+    assert 0.0 <= final["auc"] <= 1.0 and final["logloss"] > 0
+    assert killed_proc.returncode == 0, killed_proc.stderr[-3000:]
     clean, killed = (
         [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("criteo", "criteo-killed")
@@ -105,17 +127,23 @@ def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
     assert killed == clean, (clean, killed)  # step 3 never finished, so it was logged once
     events = (tmp_path / "criteo-killed" / "health" / "events.jsonl").read_text()
     assert '"event": "ps_resume"' in events and '"step": 2' in events, events
-    proc = disttrain("ps", *args[:-2], "--run-name", "bad", "--tables", "100", "200", timeout=60)
-    assert proc.returncode == 2 and "give 1 or 26 table sizes (got 2)" in proc.stderr, proc.stderr
+    assert bad.returncode == 2 and "give 1 or 26 table sizes (got 2)" in bad.stderr, bad.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(tmp_path: Path) -> None:
-    two = ["--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "12", "--checkpoint-every", "4"]
-    clean, _ = ps_job(tmp_path, "clean", *two)
+def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(
+    tmp_path: Path, bsp_2x2: tuple[list[dict[str, Any]], dict[str, Any]]
+) -> None:
+    two, (clean, _) = TWO_BY_TWO, bsp_2x2  # the same job, not killed
     kill = {"DISTTRAIN_FAULT": "ps_server_kill:7:2"}  # server0 (rank 2) dies applying step 7
-    killed, _ = ps_job(tmp_path, "killed", *two, "--launch.max-restarts", "1", env=kill)
+    # Without restarts ("down"), a server that stays down ends the job with one line naming it; running the
+    # same run name again resumes from the server checkpoint and ends as the clean run did.
+    args = [*SMALL, *two, "--run-root", str(tmp_path), "--run-name", "down"]
+    (killed, _), proc = together(
+        lambda: ps_job(tmp_path, "killed", *two, "--launch.max-restarts", "1", env=kill),
+        lambda: disttrain("ps", *args, timeout=200, env=kill),
+    )
     steps = [r["step"] for r in killed]
     assert steps == [*range(1, 7), *range(5, 13)], steps  # step 7 never finished; resumed after step 4
     after = torch.tensor([r["loss"] for r in killed[-8:]], dtype=torch.float64)
@@ -125,10 +153,6 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(tm
     assert (events[-1]["event"], events[-1]["step"]) == ("ps_resume", 4), events
     ckpts = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
     assert ckpts == ["step-00000004", "step-00000008", "step-00000012"], ckpts  # no half checkpoint left
-    # Without restarts, a server that stays down ends the job with one line naming it; running the same
-    # run name again resumes from the server checkpoint and ends as the clean run did.
-    args = [*SMALL, *two, "--run-root", str(tmp_path), "--run-name", "down"]
-    proc = disttrain("ps", *args, timeout=200, env=kill)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     # a trainer says it ("server0 (rank 2) is down or not answering"), or the launcher, if torchrun stopped
     # the trainers first ("server0 (rank 2) failed with exit code -9")

@@ -18,7 +18,7 @@ import pytest
 from disttrain.report import load_run
 from disttrain.report.page import final_figures
 
-from conftest import BIN, child_env, disttrain, tiny_cli_args
+from conftest import BIN, child_env, disttrain, tiny_cli_args, together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -28,9 +28,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> tuple[Pa
     root = tmp_path_factory.mktemp("report")
     common = ["--run.root", str(root), "--checkpoint.interval", "3", "--metrics.progress", "off",
               "--train.eval-interval", "3"]  # fmt: skip
-    one = disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "one", "--parallel.nproc", "1"))
-    two = disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "ddp", "--parallel.nproc", "2",
-                                   "--parallel.strategy", "ddp", "--metrics.tensorboard"))  # fmt: skip
+    one, two = together(
+        lambda: disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "one", "--parallel.nproc", "1")),
+        lambda: disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "ddp", "--parallel.nproc", "2",
+                                         "--parallel.strategy", "ddp", "--metrics.tensorboard")),
+    )  # fmt: skip
     assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
     return root / "one", root / "ddp"
 

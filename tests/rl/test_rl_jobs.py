@@ -4,6 +4,7 @@ mistakes are one line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BIN, child_env, disttrain
+from conftest import BIN, child_env, disttrain, together
 
 RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
 
@@ -94,12 +95,14 @@ def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path:
 
 
 def test_bad_rl_options_are_one_line(tmp_path: Path) -> None:
-    for args, message in [
+    cases = [
         (["--env-id", "Nope-v0"], "rl.env_id 'Nope-v0': Environment `Nope` doesn't exist"),
         (["--env-id", "Pendulum-v1"], "needs a discrete action space"),
         (["--actors", "0"], "rl.actors must be >= 1, got 0"),
-    ]:
-        proc = disttrain("rl", *args, "--run-root", str(tmp_path), timeout=60)
+    ]
+    procs = together(*(functools.partial(disttrain, "rl", *args, "--run-root", str(tmp_path), timeout=60)
+                       for args, _ in cases))  # fmt: skip
+    for (_, message), proc in zip(cases, procs, strict=True):
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

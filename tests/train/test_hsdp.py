@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import FP32, losses, run_scenario, tiny_config
+from conftest import FP32, losses, run_scenario, tiny_config, together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 
@@ -37,19 +37,18 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         return spec
 
     fsdp_dir, hsdp_dir = tmp / "fsdp2", tmp / "hsdp4"
-    out = {"single": run_scenario(tmp, "single", 1, [job("fp32", 16, probe=True, strategy="single")])}
-    out["two"] = run_scenario(
-        tmp,
-        "two",
-        2,
-        [
-            job("fsdp", 8, probe=True, strategy="fsdp"),
-            job("fsdp_ac", 8, probe=True, strategy="fsdp", activation_checkpointing="full"),
-            job("fsdp_offload", 8, probe=True, strategy="fsdp", offload=True),
-            job("ddp_ac", 8, probe=True, strategy="ddp", activation_checkpointing="2"),
-            job("save", 8, (fsdp_dir, "save"), strategy="fsdp"),
-        ],
+    two = [
+        job("fsdp", 8, probe=True, strategy="fsdp"),
+        job("fsdp_ac", 8, probe=True, strategy="fsdp", activation_checkpointing="full"),
+        job("fsdp_offload", 8, probe=True, strategy="fsdp", offload=True),
+        job("ddp_ac", 8, probe=True, strategy="ddp", activation_checkpointing="2"),
+        job("save", 8, (fsdp_dir, "save"), strategy="fsdp"),
+    ]
+    single, pair = together(
+        lambda: run_scenario(tmp, "single", 1, [job("fp32", 16, probe=True, strategy="single")]),
+        lambda: run_scenario(tmp, "two", 2, two),
     )
+    out = {"single": single, "two": pair}
     hsdp = {"strategy": "hsdp", "replicate": 2, "shard": 2}
     out["hsdp4"] = run_scenario(
         tmp,

@@ -5,6 +5,7 @@ pretrained weights load into shards; tied weights stay tied; checkpoints export 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.models.outputs import logits_of, loss_of
 from disttrain.train.loss import Objective, cross_entropy
 
-from conftest import disttrain, run_scenario, tiny_cli_args, tiny_config
+from conftest import disttrain, run_scenario, tiny_cli_args, tiny_config, together
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (make test installs it)")
 import hf_models  # noqa: E402  (needs transformers)
@@ -180,10 +181,12 @@ def results(
     tmp_path_factory: pytest.TempPathFactory, small_text: Path, weights_dir: Path
 ) -> dict[str, list[dict[str, Any]]]:
     tmp = tmp_path_factory.mktemp("models")
-    return {
-        name: run_scenario(tmp, name, n, variants(small_text, strategy, weights_dir), timeout=400)
-        for name, n, strategy in [("single", 1, "single"), ("ddp2", 2, "ddp"), ("fsdp2", 2, "fsdp")]
-    }
+    runs = [("single", 1, "single"), ("ddp2", 2, "ddp"), ("fsdp2", 2, "fsdp")]
+    done = together(
+        *(functools.partial(run_scenario, tmp, name, n, variants(small_text, strategy, weights_dir), timeout=400)
+          for name, n, strategy in runs)
+    )  # fmt: skip
+    return {name: result for (name, _, _), result in zip(runs, done, strict=True)}
 
 
 def losses(r: dict[str, Any], name: str) -> torch.Tensor:

@@ -27,7 +27,18 @@ COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps", "rl", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """``disttrain ARGV``; the command itself (``argv`` None) ends its process without the interpreter's teardown:
+    with torch loaded (and the planner's meta-device build, torch._dynamo) that takes 0.5-2 s of CPU after the
+    job is over, at every invocation. Callers in-process (``main([...])``) get the exit code back."""
+    if argv is not None:
+        return _main(argv)
+    from disttrain.utils.process import exit_now
+
+    exit_now(_main(sys.argv[1:]))  # flushes the streams and logging first, as the workers do
+    return 0  # not reached
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0

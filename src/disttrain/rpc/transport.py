@@ -37,8 +37,9 @@ def init(
     addr = addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = port or int(os.environ.get("MASTER_PORT", "29500"))
     opts = rpc.TensorPipeRpcBackendOptions(
-        num_worker_threads=threads, rpc_timeout=timeout_s, init_method=f"tcp://{addr}:{port}"
-    )
+        num_worker_threads=threads, rpc_timeout=timeout_s, init_method=f"tcp://{addr}:{port}",
+        _transports=socket_only(int(os.environ.get("LOCAL_WORLD_SIZE", world_size))),
+    )  # fmt: skip
     if addr in ("127.0.0.1", "localhost"):
         os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
     try:
@@ -50,6 +51,14 @@ def init(
     except Exception as e:
         where = f"{name} (rank {rank} of {world_size})"
         raise RpcError(f"rpc: {where} could not join at {addr}:{port}: {_first(e)}") from None
+
+
+def socket_only(local_procs: int) -> list[str] | None:
+    """TensorPipe's transports for ``local_procs`` processes on this host: its shared-memory transport polls in
+    a busy loop, one spinning thread per process; where the processes do not leave a spare core for each, those
+    threads take the cores the processes compute on (4 RPC processes on 2 cores: a third of the CPU time), so
+    sockets (uv, over loopback on one host) only. None: TensorPipe's own choice (shm for same-host peers)."""
+    return ["uv"] if 2 * local_procs > (os.cpu_count() or 1) else None
 
 
 def _first(e: BaseException) -> str:
