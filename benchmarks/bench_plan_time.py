@@ -144,10 +144,27 @@ def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any
         "predicted_ranking": pred_rank,
         "measured_ranking": meas_rank,
         "ranking_matches": pred_rank == meas_rank,
+        "misordered_pairs": misordered(rows, TIE),
         "max_error_pct": max(abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] * 100 for r in rows.values()),
         "grouping_speedup": rows[one]["measured_s"] / rows[chosen]["measured_s"],
         "recommendation": est.choice,
     }
+
+
+TIE = 0.05  # measured steps this close are a tie: their order is the machine's noise, not the plan's
+
+
+def misordered(rows: dict[str, dict[str, Any]], tie: float) -> list[str]:
+    """Pairs of variants whose measured steps differ by more than ``tie`` (relative) and that the plan orders the
+    other way round."""
+    out = []
+    names = sorted(rows, key=lambda n: rows[n]["measured_s"])
+    for i, fast in enumerate(names):
+        for slow in names[i + 1 :]:
+            apart = rows[slow]["measured_s"] > (1 + tie) * rows[fast]["measured_s"]
+            if apart and rows[slow]["predicted_s"] < rows[fast]["predicted_s"]:
+                out.append(f"{fast} < {slow}")
+    return out
 
 
 def print_group(g: dict[str, Any]) -> None:
@@ -157,6 +174,8 @@ def print_group(g: dict[str, Any]) -> None:
         err = (r["predicted_s"] - r["measured_s"]) / r["measured_s"] * 100
         print(f"{n:<34}{r['predicted_s'] * 1e3:>9.0f}ms{r['measured_s'] * 1e3:>9.0f}ms{err:>7.1f}%")
     print(f"ranking matches: {g['ranking_matches']}  (predicted {' < '.join(g['predicted_ranking'])})")
+    pairs = g["misordered_pairs"]
+    print(f"pairs more than {TIE:.0%} apart that the plan orders the other way: {', '.join(pairs) or 'none'}")
     print(
         f"max error {g['max_error_pct']:.1f}% (goal <= 25%); chosen grouping vs one block per unit: "
         f"{g['grouping_speedup']:.2f}x"

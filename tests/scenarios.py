@@ -31,7 +31,8 @@ from disttrain.train.trainer import Trainer
 
 
 def fsdp_schedule(model: torch.nn.Module) -> dict[str, Any]:
-    """How many blocks each block prefetches, and its reshard flag, as FSDP2 recorded them."""
+    """How many blocks each block prefetches, and its reshard flag, as FSDP2 recorded them; how many FSDP units
+    hold parameters."""
     out = []
     for b in find_blocks(model):
         state = b._get_fsdp_state()  # type: ignore[operator]
@@ -43,7 +44,9 @@ def fsdp_schedule(model: torch.nn.Module) -> dict[str, Any]:
                 "reshard": bool(group.post_forward_mesh_info is not None) if group else None,
             }
         )
-    return {"blocks": out}
+    groups = {id(m._get_fsdp_state()._fsdp_param_group) for m in model.modules()  # type: ignore[operator]
+              if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None}  # fmt: skip
+    return {"blocks": out, "units": len(groups)}
 
 
 def sync_check(trainer: Trainer) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def test_params_grads_adam_bytes_match_hand_computed(n: int, dtype: str) -> None
 
 def test_gathered_and_low_precision_copies_by_hand() -> None:
     prof = tiny_profile("bf16")
-    one = {"precision": {"dtype": "bf16"}, "parallel": {"blocks_per_unit": 1}}
+    one = {"precision": {"dtype": "bf16"}, "parallel": {"blocks_per_unit": 1, "root_units": "one"}}
     est = estimate(prof, from_dict(one), Layout(2, 1, GiB))  # type: ignore[arg-type]
     # DDP under autocast: bf16 copies of the 2-D weights: (80 + 3 x 64 + 80) x 2 bytes
     assert est.plans["ddp"].gathered == 352 * 2
@@ -83,6 +83,10 @@ def test_gathered_and_low_precision_copies_by_hand() -> None:
     # 3 blocks per unit: one unit of 216 (twice: the unit and its prefetch), its gradient in bf16 + fp32
     three = estimate(prof, from_dict({**one, "parallel": {"blocks_per_unit": 3}}), Layout(2, 1, GiB))  # type: ignore[arg-type]
     assert three.plans["fsdp"].gathered == (160 + 2 * 216) * 2 + 216 * (2 + 4)
+    # root_units auto: embedding and head (80 each) outweigh a block unit (72), so they are units of their own
+    # and the root holds nothing: the biggest unit (80) and its prefetch, its gradient in bf16 + fp32
+    split = estimate(prof, from_dict({**one, "parallel": {"blocks_per_unit": 1}}), Layout(2, 1, GiB))  # type: ignore[arg-type]
+    assert split.plans["fsdp"].gathered == (0 + 2 * 80) * 2 + 80 * (2 + 4)
 
 
 def test_activation_checkpointing_keeps_only_block_inputs() -> None:

@@ -41,7 +41,8 @@ def machine(latency: float = 1e-4, bandwidth: float = 1e9, inter: float | None =
 def test_collectives_are_what_ddp_and_fsdp2_run() -> None:
     prof = tiny_profile()
     # 2 ranks, micro-batch 2, global batch 8: 2 micro-steps per optimizer step
-    cfg = from_dict({"train": {"micro_batch": 2, "global_batch": 8}, "precision": {"dtype": "fp32"}})
+    cfg = from_dict({"train": {"micro_batch": 2, "global_batch": 8}, "precision": {"dtype": "fp32"},
+                     "parallel": {"root_units": "one"}})  # fmt: skip
     assert unit_numels(prof, 2, 1) == (160, [72, 72, 72]) and unit_numels(prof, 2, 2) == (160, [144, 72])
     ddp = collectives("ddp", prof, cfg, 2, 1, 1)
     assert [(c.kind, c.nbytes, c.count) for c in ddp] == [("all_reduce", 376 * 4, 1), ("all_reduce", 16, 1)]
@@ -58,6 +59,19 @@ def test_collectives_are_what_ddp_and_fsdp2_run() -> None:
     across = [c for c in hsdp if c.what.startswith("gradient all-reduce across")]
     assert len(across) == 1 and across[0].link == "inter" and across[0].nbytes == (160 + 216) // 2 * 4
     assert all(c.link == "intra" for c in hsdp if c.kind != "all_reduce")
+
+
+def test_embeddings_and_head_get_units_of_their_own_when_they_outweigh_a_block() -> None:
+    prof = tiny_profile()
+    cfg = from_dict({"train": {"micro_batch": 2, "global_batch": 8}, "precision": {"dtype": "fp32"}})
+    # auto: embedding + head (160) >= a block unit (72): a unit before the blocks and one after; root empty
+    assert unit_numels(prof, 2, 1, "auto") == (0, [80, 72, 72, 72, 80])
+    assert unit_numels(prof, 2, 3, "auto") == (160, [216])  # one unit of 216 outweighs them: root
+    assert unit_numels(prof, 2, 3, "split") == (0, [80, 216, 80])
+    fsdp = collectives("fsdp", prof, cfg, 2, 1, 1)
+    # every unit but the last (the head) is gathered again in backward; no root collectives
+    assert [(c.nbytes // 4, c.count) for c in fsdp if c.kind == "all_gather"] == [(80, 4), *[(72, 4)] * 3, (80, 2)]
+    assert not any(c.what.startswith("root") for c in fsdp)
 
 
 def test_ring_times_add_up_to_the_step() -> None:

@@ -32,12 +32,11 @@ def variants(data: Path, strategy: str, extra: list[dict[str, Any]] | None = Non
     return out + (extra or [])
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, list[dict[str, Any]]]:
-    tmp = tmp_path_factory.mktemp("parity")
+def fsdp_variants(small_text: Path) -> list[dict[str, Any]]:
+    """FSDP-only settings that must change the schedule, never the numbers."""
     par_fsdp = {"strategy": "fsdp"}
     sync = {"check": "sync"}
-    fsdp_extra = [
+    return [
         {
             "name": "prefetch",
             "config": tiny_config(small_text, parallel={**par_fsdp, "forward_prefetch": 2, "backward_prefetch": 2}),
@@ -49,6 +48,10 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         {  # both blocks in one FSDP unit: one all-gather and one reduce-scatter for the pair
             "name": "grouped",
             "config": tiny_config(small_text, parallel={**par_fsdp, "blocks_per_unit": 2}),
+        },
+        {  # the embeddings and the final norm + head in units of their own (torchtitan's layout)
+            "name": "split_root",
+            "config": tiny_config(small_text, parallel={**par_fsdp, "root_units": "split"}),
         },
         {
             "name": "no_reshard",
@@ -63,6 +66,14 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
             ),
         },
     ]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, list[dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("parity")
+    par_fsdp = {"strategy": "fsdp"}
+    sync = {"check": "sync"}
+    fsdp_extra = fsdp_variants(small_text)
 
     def guards(strategy: str) -> list[dict[str, Any]]:
         par = {"strategy": strategy}
@@ -147,7 +158,12 @@ def test_prefetch_reshard_and_grouping_change_the_schedule_not_the_numbers(resul
     # one unit of both blocks: nothing to prefetch, and it stays gathered for backward (the last unit)
     grouped = r["grouped"]["schedule"]["blocks"]
     assert [b["fwd"] for b in grouped] == [0, 0] and [b["reshard"] for b in grouped] == [False, False]
-    for variant in ("prefetch", "implicit", "no_reshard", "grouped"):
+    # embeddings, 2 blocks, final norm + head: 4 units (the root holds no parameter of its own); the last block
+    # is no longer the last unit, so it reshards too; the tiny model's default keeps them in the root (3 units)
+    split = r["split_root"]["schedule"]
+    assert (split["units"], r["fp32"]["schedule"]["units"]) == (4, 3)
+    assert [b["reshard"] for b in split["blocks"]] == [True, True]
+    for variant in ("prefetch", "implicit", "no_reshard", "grouped", "split_root"):
         assert_close(losses(r, variant), losses(r, "fp32"), rtol=0, atol=0)
 
 

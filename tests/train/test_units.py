@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from disttrain.config import JobConfig, TrainConfig, from_dict, load_toml, resolve_batch, to_toml
 from disttrain.config.typecheck import coerce
 from disttrain.data.loader import GlobalBatchLoader
+from disttrain.dist.blocks import outer_units, split_root
 from disttrain.dist.fsdp import find_blocks, reshard_flag
 from disttrain.dist.meta_init import materialize
 from disttrain.errors import ConfigError
@@ -164,6 +165,33 @@ def test_find_blocks_specs() -> None:
     seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     assert find_blocks(seq) == [seq[0], seq[2]]
     assert [reshard_flag("default", i, 3) for i in range(3)] == [True, True, False]
+
+
+def test_outer_units_are_the_modules_before_and_after_the_blocks_unless_tied() -> None:
+    from transformers import LlamaForCausalLM
+
+    from hf_models import gpt2, llama_config
+
+    model = GPT(TINY)
+    assert outer_units(model, find_blocks(model)) == ([model.tok_emb, model.pos_emb], [model.ln_f, model.head])
+    hf = gpt2()  # wte is tied to lm_head: both stay in the root unit
+    assert outer_units(hf, find_blocks(hf)) == ([], [])
+    untied = LlamaForCausalLM(dataclasses.replace(llama_config(), tie_word_embeddings=False))
+    inner = untied.model
+    assert outer_units(untied, find_blocks(untied)) == ([inner.embed_tokens], [inner.norm, untied.lm_head])
+
+    class Between(nn.Module):  # a module with parameters between two blocks: no outer units
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.ModuleList([nn.Linear(2, 2)])
+            self.mid = nn.Linear(2, 2)
+            self.rest = nn.ModuleList([nn.Linear(2, 2)])
+
+    between = Between()
+    assert outer_units(between, [between.first[0], between.rest[0]]) == ([], [])
+    assert outer_units(model, []) == ([], [])
+    assert [split_root(s, 10, 20) for s in ("auto", "one", "split")] == [False, False, True]
+    assert [split_root(s, 20, 20) for s in ("auto", "one", "split")] == [True, False, True]
 
 
 def test_job_config_defaults_are_the_documented_default_job() -> None:

@@ -55,6 +55,11 @@ class ParallelConfig:
     the plan says hides the all-gathers, within memory)."""
     backward_prefetch: int | Literal["auto"] = "auto"
     """Explicitly all-gather the previous K units in backward (0 = implicit; auto: as forward)."""
+    root_units: Literal["auto", "one", "split"] = "auto"
+    """FSDP/HSDP: what holds the parameters outside the blocks. one: the root unit (gathered for the whole
+    step); split: the embeddings (the modules before the blocks) and the final norm + head (after them) in
+    units of their own, as torchtitan shards them; auto: split when they hold at least as many parameters as
+    the biggest block unit and no parameter is shared between the two sides (a tied head stays in the root)."""
     compile: Literal["auto", "off", "blocks", "model"] = "auto"
     """torch.compile: off, blocks (each block on its own, the FSDP units), or model (the whole model);
     auto: what measured fastest on this kind of device (see docs/benchmarks.md)."""

@@ -12,8 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from disttrain.config import DTYPES
-from disttrain.dist.blocks import find_blocks
-from disttrain.errors import ConfigError
+from disttrain.dist.blocks import find_blocks, outer_units, split_root
 
 
 def reshard_flag(policy: str, index: int, n_blocks: int) -> bool:
@@ -39,6 +38,7 @@ def apply_fsdp(
     shard_modules: str = "auto",
     reshard_after_forward: str = "default",
     blocks_per_unit: int | str = 1,
+    root_units: str = "auto",
     forward_prefetch: int | str = 1,
     backward_prefetch: int | str = 1,
     offload: bool = False,
@@ -47,12 +47,19 @@ def apply_fsdp(
 
     Every ``blocks_per_unit`` adjacent blocks are one FSDP unit (``fully_shard`` of the list: one all-gather
     and one reduce-scatter for all of them). ``"auto"`` left unresolved by a plan means 1 block per unit and
-    a prefetch depth of 1. With ``offload``, sharded parameters, gradients and optimizer state live in host
-    memory (``CPUOffloadPolicy``; pinned only where there is an accelerator to pin for).
+    a prefetch depth of 1. ``root_units`` (:func:`~disttrain.dist.blocks.split_root`) may give the embeddings
+    a unit before the blocks and the final norm + head one after them. With ``offload``, sharded parameters,
+    gradients and optimizer state live in host memory (``CPUOffloadPolicy``; pinned only where there is an accelerator to pin for).
     """
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
-    units = group_blocks(find_blocks(model, shard_modules), _int(blocks_per_unit, 1))
+    blocks = find_blocks(model, shard_modules)
+    units = group_blocks(blocks, _int(blocks_per_unit, 1))
+    before, after = outer_units(model, blocks)
+    outer = sum(p.numel() for m in before + after for p in m.parameters())
+    biggest = max((sum(p.numel() for b in u for p in b.parameters()) for u in units), default=0)
+    if split_root(root_units, outer, biggest):
+        units = [u for u in (before, *units, after) if u]
     for i, unit in enumerate(units):
         reshard = reshard_flag(reshard_after_forward, i, len(units))
         target = unit[0] if len(unit) == 1 else unit

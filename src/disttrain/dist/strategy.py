@@ -132,6 +132,7 @@ def parallelize(
             shard_modules=parallel.shard_modules,
             reshard_after_forward=parallel.reshard_after_forward,
             blocks_per_unit=parallel.blocks_per_unit,
+            root_units=parallel.root_units,
             forward_prefetch=parallel.forward_prefetch,
             backward_prefetch=parallel.backward_prefetch,
             offload=parallel.offload,

@@ -13,7 +13,7 @@ Pure arithmetic over a :class:`~disttrain.plan.profile.ModelProfile`, mirroring 
 - every strategy: the step's loss all-reduce, and under FSDP the grad-norm's.
 
 Units are groups of ``blocks_per_unit`` adjacent blocks (:func:`unit_numels`), as ``apply_fsdp`` shards them.
-May import: ``disttrain.config``, ``disttrain.plan.profile``.
+May import: ``disttrain.config``, ``disttrain.dist.blocks``, ``disttrain.plan.profile``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 
 from disttrain.config import DTYPES, JobConfig
-from disttrain.plan.profile import ModelProfile, ParamInfo
+from disttrain.dist.blocks import split_root
+from disttrain.plan.profile import AFTER, BEFORE, ROOT, ModelProfile, ParamInfo
 
 SCALAR_BYTES = 16  # the loss (and a stop flag) as float64
 
@@ -53,26 +54,31 @@ class Collective:
         return self.count * self.sent_per_call
 
 
-def unit_numels(prof: ModelProfile, shard: int, blocks_per_unit: int) -> tuple[int, list[int]]:
-    """(root numel, numel of every unit of ``blocks_per_unit`` adjacent blocks), each padded as FSDP2 pads dim 0
-    for ``shard`` ranks."""
-    root, per_block = _block_numels(prof.params, prof.n_blocks, shard)
+def unit_numels(prof: ModelProfile, shard: int, blocks_per_unit: int, root_units: str = "one") -> tuple[int, list[int]]:
+    """(root numel, numel of every unit in forward order), each padded as FSDP2 pads dim 0 for ``shard`` ranks,
+    as ``apply_fsdp`` makes them: ``blocks_per_unit`` adjacent blocks each, and with ``root_units`` split (see
+    :func:`~disttrain.dist.blocks.split_root`) a unit for the embeddings before them and one for the head after."""
+    root, before, after, per_block = _block_numels(prof.params, prof.n_blocks, shard)
     k = max(1, blocks_per_unit)
-    return root, [sum(per_block[i : i + k]) for i in range(0, prof.n_blocks, k)]
+    units = [sum(per_block[i : i + k]) for i in range(0, prof.n_blocks, k)]
+    if split_root(root_units, before + after, max(units, default=0)):
+        return root, [n for n in (before, *units, after) if n]
+    return root + before + after, units
 
 
 @functools.lru_cache(maxsize=64)
-def _block_numels(params: tuple[ParamInfo, ...], n_blocks: int, shard: int) -> tuple[int, list[int]]:
-    """(root numel, numel of each block), padded for ``shard`` ranks; cached (the plan asks for every grouping)."""
+def _block_numels(params: tuple[ParamInfo, ...], n_blocks: int, shard: int) -> tuple[int, int, int, list[int]]:
+    """(root, before, after, each block) numels, padded for ``shard`` ranks; cached (the plan asks for every
+    grouping)."""
     per_block = [0] * n_blocks
-    root = 0
+    outer = {ROOT: 0, BEFORE: 0, AFTER: 0}
     for p in params:
         n = p.shard_numel(shard) * shard
         if p.unit >= 0:
             per_block[p.unit] += n
         else:
-            root += n
-    return root, per_block
+            outer[p.unit] += n
+    return outer[ROOT], outer[BEFORE], outer[AFTER], per_block
 
 
 def accum_steps(cfg: JobConfig, dp: int) -> int:
@@ -107,7 +113,7 @@ def fsdp_collectives(
     cb = DTYPES[cfg.precision.dtype].itemsize
     rb = DTYPES[cfg.precision.reduce_dtype].itemsize
     accum = accum_steps(cfg, shard * replicate)
-    root, units = unit_numels(prof, shard, blocks_per_unit)
+    root, units = unit_numels(prof, shard, blocks_per_unit, cfg.parallel.root_units)
     link = "inter" if inter else "intra"
     again, root_again = _resharded_in_backward(reshard, len(units))
     out: list[Collective] = []

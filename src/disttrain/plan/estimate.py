@@ -151,7 +151,7 @@ def _sharded_plan(
     cb = DTYPES[cfg.precision.dtype].itemsize
     rb = DTYPES[cfg.precision.reduce_dtype].itemsize
     ps = prof.params
-    root, blocks = unit_numels(prof, n, blocks_per_unit)
+    root, blocks = unit_numels(prof, n, blocks_per_unit, cfg.parallel.root_units)
     biggest = max(blocks, default=0)
     grad_unsharded = biggest * (cb + (rb if rb != cb else 0))  # computed in the compute dtype, reduced in rb
     if reshard:

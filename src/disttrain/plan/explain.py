@@ -42,7 +42,7 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
         f"{'per rank':>10} {'fits':>4}",
     ]
     for k, t in sorted(tried.items()):
-        _, units = unit_numels(prof, shard, k)
+        _, units = unit_numels(prof, shard, k, cfg.parallel.root_units)
         size = max(units, default=0) * cb
         use = link.efficiency(size, shard) if shard > 1 else 1.0
         total = est.grouping_bytes[col][k]
@@ -55,7 +55,29 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
         f"chosen: {chosen} block(s) per unit — the fewest within {NEAR_BEST:.0%} of the fastest grouping that "
         "fits (fewer blocks per unit gather less memory at once and leave more to overlap)"
     )
+    lines.append(_root_units(est, cfg, shard, chosen))
     return "\n".join(lines)
+
+
+def _root_units(est: Estimate, cfg: JobConfig, shard: int, blocks_per_unit: int) -> str:
+    """Where the parameters outside the blocks (embeddings, final norm, head) go, and why."""
+    setting = cfg.parallel.root_units
+    _, chosen = unit_numels(est.profile, shard, blocks_per_unit, setting)
+    one_root, units = unit_numels(est.profile, shard, blocks_per_unit, "one")
+    outside = one_root - unit_numels(est.profile, shard, blocks_per_unit, "split")[0]
+    if not outside:
+        return f"embeddings and head: in the root unit ({fmt_bytes(4 * one_root)} fp32; none can be a unit of its own)"
+    why = (
+        f"parallel.root_units = {setting}"
+        if setting != "auto"
+        else (
+            "auto: they hold at least as much as the biggest block unit"
+            if len(chosen) > len(units)
+            else "auto: they hold less than a block unit, so one more all-gather would cost more than it frees"
+        )
+    )
+    where = "in units of their own, before and after the blocks" if len(chosen) > len(units) else "in the root unit"
+    return f"embeddings and head ({fmt_bytes(4 * outside)} fp32): {where} ({why})"
 
 
 def _prefetch(est: Estimate) -> str:

@@ -27,7 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from disttrain.config import DTYPES
 from disttrain.dist.activation import checkpointed_indices
-from disttrain.dist.blocks import find_blocks
+from disttrain.dist.blocks import find_blocks, outer_units
 from disttrain.errors import ConfigError
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -38,7 +38,8 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 class ParamInfo:
     shape: tuple[int, ...]
     unit: int
-    """Index of the FSDP block that owns it, or -1 for the root (embeddings, final norm, head)."""
+    """Index of the FSDP block that owns it; else ROOT (held by the root unit in any case), BEFORE (a module
+    before the blocks: an embedding) or AFTER (final norm, head), which may be units of their own."""
     trainable: bool
 
     @property
@@ -114,13 +115,22 @@ def _batch(sample: Any, micro_batch: int) -> Any:
     return sample
 
 
+ROOT, BEFORE, AFTER = -1, -2, -3  # ParamInfo.unit outside the blocks
+
+
 def param_infos(model: nn.Module, blocks: list[nn.Module]) -> tuple[ParamInfo, ...]:
-    """Every parameter of ``model`` with the index of the first block that holds it (-1: the root)."""
+    """Every parameter of ``model`` with the index of the first block that holds it, or where it sits outside
+    them (:func:`~disttrain.dist.blocks.outer_units`)."""
     owner: dict[int, int] = {}
     for i, b in enumerate(blocks):
         for p in b.parameters():
             owner.setdefault(id(p), i)
-    return tuple(ParamInfo(tuple(p.shape), owner.get(id(p), -1), p.requires_grad) for p in model.parameters())
+    before, after = outer_units(model, blocks)
+    for side, modules in ((BEFORE, before), (AFTER, after)):
+        for m in modules:
+            for p in m.parameters():
+                owner.setdefault(id(p), side)
+    return tuple(ParamInfo(tuple(p.shape), owner.get(id(p), ROOT), p.requires_grad) for p in model.parameters())
 
 
 def meta_stand_ins(model: nn.Module, compute_dtype: str) -> dict[str, torch.Tensor]:

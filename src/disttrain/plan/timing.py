@@ -228,7 +228,7 @@ def step_time(
     comm = sum(_time(c, machine) for c in colls)
     overhead, exposed, prefetch = 0.0, comm, 0
     if sharded:
-        _, units = unit_numels(prof, shard, blocks_per_unit)
+        _, units = unit_numels(prof, shard, blocks_per_unit, cfg.parallel.root_units)
         passes = sum(c.count for c in colls if c.kind == "all_gather")
         overhead = passes * UNIT_OVERHEAD_S[machine.device]
         exposed, prefetch = _fsdp_exposed(colls, compute, accum, len(units) + 1, machine)
