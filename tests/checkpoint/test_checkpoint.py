@@ -3,6 +3,7 @@ corrupt files skipped, keep-k purge. Faults are injected on purpose (DISTTRAIN_F
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -77,21 +78,36 @@ def test_kill9_restart_resumes_the_exact_trajectory(tmp_path: Path, small_text: 
     assert log[0]["cause"].startswith("rank 1 at step") and "stopped without an error" in log[0]["cause"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("mode", "fault"),
-    [("off", "before_shards:8:1"), ("thread", "after_shards:8:0"), ("off", "before_marker:8:0")],
-)
-def test_crash_during_a_save_leaves_the_previous_checkpoint(
-    tmp_path: Path, small_text: Path, mode: str, fault: str
-) -> None:
-    args = tiny_args(small_text, tmp_path, "r", "--checkpoint.async-mode", mode)
-    first = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": fault})
-    assert first.returncode != 0
-    folder = tmp_path / "r" / "checkpoints"
+CRASHES = [("off", "before_shards:8:1"), ("thread", "after_shards:8:0"), ("off", "before_marker:8:0")]
+
+
+def crash_then_resume(tmp: Path, small_text: Path, mode: str, fault: str) -> tuple[Any, list[int], Any]:
+    """A job killed by ``fault`` while saving at step 8, then the same command again: (the killed run, the usable
+    checkpoints it left, the run that resumed)."""
+    args = tiny_args(small_text, tmp, "r", "--checkpoint.async-mode", mode)
+    first = disttrain(*args, cwd=tmp, env={"DISTTRAIN_FAULT": fault})
+    folder = tmp / "r" / "checkpoints"
     usable = [i.step for i in list_checkpoints(folder) if i.usable]
-    assert usable == [4], [(i.path.name, i.problem) for i in list_checkpoints(folder)]
-    again = disttrain(*args, cwd=tmp_path)
+    return first, usable, disttrain(*args, cwd=tmp)
+
+
+@pytest.fixture(scope="module")
+def crashes(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, tuple[Any, list[int], Any]]:
+    """Every crash of CRASHES in a folder of its own, all at once (independent jobs; nothing here is timed)."""
+    folders = [tmp_path_factory.mktemp("crash") for _ in CRASHES]
+    runs = together(*(functools.partial(crash_then_resume, f, small_text, m, x)
+                      for f, (m, x) in zip(folders, CRASHES, strict=True)))  # fmt: skip
+    return {f"{m}-{x}": r for (m, x), r in zip(CRASHES, runs, strict=True)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "fault"), CRASHES)
+def test_crash_during_a_save_leaves_the_previous_checkpoint(
+    crashes: dict[str, tuple[Any, list[int], Any]], mode: str, fault: str
+) -> None:
+    first, usable, again = crashes[f"{mode}-{fault}"]
+    assert first.returncode != 0
+    assert usable == [4], usable
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "step-00000004" in again.stdout
 

@@ -131,3 +131,21 @@ def test_a_broken_cache_is_ignored_with_one_warning(
     assert err.count("\n") == 1 and "warning: ignoring" in err and "machine.json" in err and "Traceback" not in err
     save_machine(profile())  # doctor rewrites it
     assert load_machine("node0") is not None
+
+
+def test_a_slow_dtype_is_measured_quickly_and_the_best_peak_is_kept() -> None:
+    import time
+
+    import torch
+
+    from disttrain.launch.doctor import _best_peaks
+    from disttrain.utils.peak import measure_matmul_tflops
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    bf16 = measure_matmul_tflops(torch.device("cpu"), torch.bfloat16, seconds=0.2)
+    fp32 = measure_matmul_tflops(torch.device("cpu"), torch.float32, seconds=0.2)
+    # emulated bf16 (no AMX / AVX512-BF16) runs ~1 GFLOP/s: a 1024 x 1024 matmul alone would take ~2 s
+    assert bf16 > 0 and fp32 > 0 and time.perf_counter() - t0 < 5.0
+    assert _best_peaks({"fp32": 0.07, "bf16": 0.5}, {"fp32": 0.05}) == {"fp32": 0.07}
+    assert _best_peaks({"fp32": 0.07}, {"fp32": 0.08, "bf16": 0.4}) == {"fp32": 0.08, "bf16": 0.4}

@@ -76,17 +76,18 @@ def test_gathered_and_low_precision_copies_by_hand() -> None:
     est = estimate(prof, from_dict(one), Layout(2, 1, GiB))  # type: ignore[arg-type]
     # DDP under autocast: bf16 copies of the 2-D weights: (80 + 3 x 64 + 80) x 2 bytes
     assert est.plans["ddp"].gathered == 352 * 2
-    # FSDP at N=2: root 160 + (1 + 1 prefetch) blocks x 72, in bf16, + one block's grad in bf16 + fp32
-    assert est.plans["fsdp"].gathered == (160 + 2 * 72) * 2 + 72 * (2 + 4)
+    # FSDP at N=2: root 160 + a block and the one prefetched (2 x 72), in bf16; the head's gradient (80, in the
+    # root unit: held from the start of backward) in bf16 + fp32
+    assert est.plans["fsdp"].gathered == (160 + 2 * 72) * 2 + 80 * (2 + 4)
     # no reshard: every unit stays gathered from forward to backward
-    assert est.plans["fsdp_no_reshard"].gathered == (160 + 3 * 72) * 2 + 72 * (2 + 4)
-    # 3 blocks per unit: one unit of 216 (twice: the unit and its prefetch), its gradient in bf16 + fp32
+    assert est.plans["fsdp_no_reshard"].gathered == (160 + 3 * 72) * 2 + 80 * (2 + 4)
+    # 3 blocks per unit: one unit of 216 (nothing to prefetch), its gradient in bf16 + fp32
     three = estimate(prof, from_dict({**one, "parallel": {"blocks_per_unit": 3}}), Layout(2, 1, GiB))  # type: ignore[arg-type]
-    assert three.plans["fsdp"].gathered == (160 + 2 * 216) * 2 + 216 * (2 + 4)
+    assert three.plans["fsdp"].gathered == (160 + 216) * 2 + 216 * (2 + 4)
     # root_units auto: embedding and head (80 each) outweigh a block unit (72), so they are units of their own
-    # and the root holds nothing: the biggest unit (80) and its prefetch, its gradient in bf16 + fp32
+    # and the root holds nothing: the biggest neighbours (a block and the head: 72 + 80), the head's gradient
     split = estimate(prof, from_dict({**one, "parallel": {"blocks_per_unit": 1}}), Layout(2, 1, GiB))  # type: ignore[arg-type]
-    assert split.plans["fsdp"].gathered == (0 + 2 * 80) * 2 + 80 * (2 + 4)
+    assert split.plans["fsdp"].gathered == (0 + 72 + 80) * 2 + 80 * (2 + 4)
 
 
 def test_activation_checkpointing_keeps_only_block_inputs() -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import FP32, losses, run_scenario, tiny_config
+from conftest import FP32, losses, run_scenario, tiny_config, together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -91,17 +91,16 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         },
         *guards("ddp"),
     ]
-    return {
-        "single": run_scenario(tmp, "single", 1, variants(small_text, "single")),
-        "ddp2": run_scenario(tmp, "ddp2", 2, variants(small_text, "ddp", ddp_extra)),
-        "fsdp2": run_scenario(tmp, "fsdp2", 2, variants(small_text, "fsdp", fsdp_extra)),
-        "fsdp4": run_scenario(
-            tmp,
-            "fsdp4",
-            4,
-            [{"name": "fp32", "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 4})}],
-        ),
-    }
+    fsdp4 = [{"name": "fp32", "config": tiny_config(small_text, parallel=par_fsdp, train={"micro_batch": 4})}]
+    # two launches at a time: each leaves the cores idle for part of its start (imports, rendezvous)
+    single, ddp2, fsdp2, fsdp4_results = together(
+        lambda: run_scenario(tmp, "single", 1, variants(small_text, "single")),
+        lambda: run_scenario(tmp, "ddp2", 2, variants(small_text, "ddp", ddp_extra)),
+        lambda: run_scenario(tmp, "fsdp2", 2, variants(small_text, "fsdp", fsdp_extra)),
+        lambda: run_scenario(tmp, "fsdp4", 4, fsdp4),
+        at_once=2,
+    )
+    return {"single": single, "ddp2": ddp2, "fsdp2": fsdp2, "fsdp4": fsdp4_results}
 
 
 @pytest.mark.parametrize("job", ["ddp2", "fsdp2", "fsdp4"])

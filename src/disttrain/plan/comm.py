@@ -66,6 +66,12 @@ def unit_numels(prof: ModelProfile, shard: int, blocks_per_unit: int, root_units
     return root + before + after, units
 
 
+def after_numel(prof: ModelProfile, shard: int) -> int:
+    """Numel of the parameters after the blocks (final norm, head), padded for ``shard`` ranks: in the root unit,
+    their gradients are the first computed in backward and stay unsharded until the root's reduce-scatter."""
+    return _block_numels(prof.params, prof.n_blocks, shard)[2]
+
+
 @functools.lru_cache(maxsize=64)
 def _block_numels(params: tuple[ParamInfo, ...], n_blocks: int, shard: int) -> tuple[int, int, int, list[int]]:
     """(root, before, after, each block) numels, padded for ``shard`` ranks; cached (the plan asks for every

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
-from disttrain.plan.comm import unit_numels
+from disttrain.plan.comm import after_numel, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
 from disttrain.plan.render import LABELS
 from disttrain.plan.timing import Machine, StepTime, best_grouping, grouping_candidates, resolve_machine, step_time
@@ -152,11 +152,14 @@ def _sharded_plan(
     rb = DTYPES[cfg.precision.reduce_dtype].itemsize
     ps = prof.params
     root, blocks = unit_numels(prof, n, blocks_per_unit, cfg.parallel.root_units)
-    biggest = max(blocks, default=0)
-    grad_unsharded = biggest * (cb + (rb if rb != cb else 0))  # computed in the compute dtype, reduced in rb
+    # gradients held unsharded at once: a unit's until its reduce-scatter; in the root unit, the head's from the
+    # start of backward (when the activations peak) to its end
+    in_root = after_numel(prof, n) if root == unit_numels(prof, n, blocks_per_unit, "one")[0] else 0
+    grad_unsharded = max(*blocks, in_root, 0) * (cb + (rb if rb != cb else 0))  # compute dtype, reduced in rb
     if reshard:
         depth = 1 + max(_knob(cfg.parallel.forward_prefetch), _knob(cfg.parallel.backward_prefetch), 1)
-        gathered = (root + depth * biggest) * cb + grad_unsharded
+        window = max((sum(blocks[i : i + depth]) for i in range(len(blocks))), default=0)  # a unit + prefetched
+        gathered = (root + window) * cb + grad_unsharded
     else:
         gathered = (root + sum(blocks)) * cb + grad_unsharded
     if not prof.n_blocks:  # one unit: the whole model

@@ -73,7 +73,7 @@ def _root_units(est: Estimate, cfg: JobConfig, shard: int, blocks_per_unit: int)
         else (
             "auto: they hold at least as much as the biggest block unit"
             if len(chosen) > len(units)
-            else "auto: they hold less than a block unit, so one more all-gather would cost more than it frees"
+            else "auto: they hold less than the biggest block unit, so two more units would save little memory"
         )
     )
     where = "in units of their own, before and after the blocks" if len(chosen) > len(units) else "in the root unit"

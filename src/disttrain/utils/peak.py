@@ -32,15 +32,27 @@ def gpu_peak_tflops(name: str) -> float | None:
 
 
 def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3, n: int = 1024) -> float:
-    """Sustained square-matmul TFLOP/s of this process on ``device`` (with its current thread count)."""
+    """Sustained square-matmul TFLOP/s of this process on ``device`` (with its current thread count).
+
+    On a CPU a 256 x 256 probe comes first: where the dtype is emulated (bf16 without AMX / AVX512-BF16, ~1
+    GFLOP/s) one n = 1024 matmul would take seconds, so the probe's size is measured instead (as slow per FLOP)."""
+    if device.type == "cpu" and n > 256:
+        probe = _rate(device, dtype, 256, seconds=0.0)
+        if 2 * n**3 / (probe * 1e12) > seconds / 4:
+            n = 256
+    return _rate(device, dtype, n, seconds)
+
+
+def _rate(device: torch.device, dtype: torch.dtype, n: int, seconds: float) -> float:
+    """TFLOP/s of n x n matmuls, after a warm-up, for at least ``seconds`` (at least 4 matmuls)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(3):
+    for _ in range(2):
         a @ b
     if device.type == "cuda":
         torch.cuda.synchronize()
     iters, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    while iters == 0 or time.perf_counter() - t0 < seconds:
         for _ in range(4):
             a @ b
         iters += 4
