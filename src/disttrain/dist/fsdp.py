@@ -49,7 +49,8 @@ def apply_fsdp(
     and one reduce-scatter for all of them). ``"auto"`` left unresolved by a plan means 1 block per unit and
     a prefetch depth of 1. ``root_units`` (:func:`~disttrain.dist.blocks.split_root`) may give the embeddings
     a unit before the blocks and the final norm + head one after them. With ``offload``, sharded parameters,
-    gradients and optimizer state live in host memory (``CPUOffloadPolicy``; pinned only where there is an accelerator to pin for).
+    gradients and optimizer state live in host memory (``CPUOffloadPolicy``; pinned only where there is an
+    accelerator to pin for).
     """
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()

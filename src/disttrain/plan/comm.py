@@ -57,19 +57,25 @@ class Collective:
 def unit_numels(prof: ModelProfile, shard: int, blocks_per_unit: int, root_units: str = "one") -> tuple[int, list[int]]:
     """(root numel, numel of every unit in forward order), each padded as FSDP2 pads dim 0 for ``shard`` ranks,
     as ``apply_fsdp`` makes them: ``blocks_per_unit`` adjacent blocks each, and with ``root_units`` split (see
-    :func:`~disttrain.dist.blocks.split_root`) a unit for the embeddings before them and one for the head after."""
+    :func:`outer_split`) a unit for the embeddings before them and one for the head after."""
     root, before, after, per_block = _block_numels(prof.params, prof.n_blocks, shard)
-    k = max(1, blocks_per_unit)
-    units = [sum(per_block[i : i + k]) for i in range(0, prof.n_blocks, k)]
-    if split_root(root_units, before + after, max(units, default=0)):
+    units = _group(per_block, blocks_per_unit)
+    if outer_split(prof, shard, blocks_per_unit, root_units)[2]:
         return root, [n for n in (before, *units, after) if n]
     return root + before + after, units
 
 
-def after_numel(prof: ModelProfile, shard: int) -> int:
-    """Numel of the parameters after the blocks (final norm, head), padded for ``shard`` ranks: in the root unit,
-    their gradients are the first computed in backward and stay unsharded until the root's reduce-scatter."""
-    return _block_numels(prof.params, prof.n_blocks, shard)[2]
+def outer_split(prof: ModelProfile, shard: int, blocks_per_unit: int, root_units: str) -> tuple[int, int, bool]:
+    """(numel outside the blocks that may be units of their own, the part after the blocks, whether
+    :func:`~disttrain.dist.blocks.split_root` makes them units for ``root_units``)."""
+    _, before, after, per_block = _block_numels(prof.params, prof.n_blocks, shard)
+    biggest = max(_group(per_block, blocks_per_unit), default=0)
+    return before + after, after, split_root(root_units, before + after, biggest)
+
+
+def _group(per_block: list[int], blocks_per_unit: int) -> list[int]:
+    k = max(1, blocks_per_unit)
+    return [sum(per_block[i : i + k]) for i in range(0, len(per_block), k)]
 
 
 @functools.lru_cache(maxsize=64)

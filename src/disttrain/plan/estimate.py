@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
-from disttrain.plan.comm import after_numel, unit_numels
+from disttrain.plan.comm import outer_split, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
 from disttrain.plan.render import LABELS
 from disttrain.plan.timing import Machine, StepTime, best_grouping, grouping_candidates, resolve_machine, step_time
@@ -154,7 +154,8 @@ def _sharded_plan(
     root, blocks = unit_numels(prof, n, blocks_per_unit, cfg.parallel.root_units)
     # gradients held unsharded at once: a unit's until its reduce-scatter; in the root unit, the head's from the
     # start of backward (when the activations peak) to its end
-    in_root = after_numel(prof, n) if root == unit_numels(prof, n, blocks_per_unit, "one")[0] else 0
+    _, after, split = outer_split(prof, n, blocks_per_unit, cfg.parallel.root_units)
+    in_root = 0 if split else after
     grad_unsharded = max(*blocks, in_root, 0) * (cb + (rb if rb != cb else 0))  # compute dtype, reduced in rb
     if reshard:
         depth = 1 + max(_knob(cfg.parallel.forward_prefetch), _knob(cfg.parallel.backward_prefetch), 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disttrain.config import DTYPES, JobConfig
-from disttrain.plan.comm import collectives, unit_numels
+from disttrain.plan.comm import collectives, outer_split, unit_numels
 from disttrain.plan.render import LABELS, seconds
 from disttrain.plan.timing import NEAR_BEST
 from disttrain.utils.fmt import fmt_bytes
@@ -62,21 +62,20 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
 def _root_units(est: Estimate, cfg: JobConfig, shard: int, blocks_per_unit: int) -> str:
     """Where the parameters outside the blocks (embeddings, final norm, head) go, and why."""
     setting = cfg.parallel.root_units
-    _, chosen = unit_numels(est.profile, shard, blocks_per_unit, setting)
-    one_root, units = unit_numels(est.profile, shard, blocks_per_unit, "one")
-    outside = one_root - unit_numels(est.profile, shard, blocks_per_unit, "split")[0]
+    outside, _, split = outer_split(est.profile, shard, blocks_per_unit, setting)
     if not outside:
-        return f"embeddings and head: in the root unit ({fmt_bytes(4 * one_root)} fp32; none can be a unit of its own)"
+        root = unit_numels(est.profile, shard, blocks_per_unit)[0]
+        return f"embeddings and head: in the root unit ({fmt_bytes(4 * root)} fp32; none can be a unit of its own)"
     why = (
         f"parallel.root_units = {setting}"
         if setting != "auto"
         else (
             "auto: they hold at least as much as the biggest block unit"
-            if len(chosen) > len(units)
+            if split
             else "auto: they hold less than the biggest block unit, so two more units would save little memory"
         )
     )
-    where = "in units of their own, before and after the blocks" if len(chosen) > len(units) else "in the root unit"
+    where = "in units of their own, before and after the blocks" if split else "in the root unit"
     return f"embeddings and head ({fmt_bytes(4 * outside)} fp32): {where} ({why})"
 
 
