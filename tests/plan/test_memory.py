@@ -102,7 +102,7 @@ def test_activation_checkpointing_keeps_only_block_inputs() -> None:
     block_in = 8 * 32 * 64 * 4
     assert prof.block_input_bytes == (block_in,) * 4
     # full: every block keeps only its input; one block is recomputed at a time in backward
-    assert full == prof.act_other + 4 * block_in + max(prof.act_by_block) + prof.largest_act
+    assert full == prof.act_other + 4 * block_in + max(prof.act_by_block) + 2 * prof.largest_act
 
 
 def test_seventy_billion_parameter_config_estimates_in_seconds() -> None:
@@ -190,7 +190,7 @@ def test_estimate_cli_json_and_reason() -> None:
     bf16 = ("--precision.dtype", "bf16")  # the same plan on every machine (auto follows the hardware)
     text = disttrain("estimate", "--device-memory", "400MiB", *bf16, timeout=120)
     assert text.returncode == 0 and "recommended: fsdp" in text.stdout and "DDP needs" in text.stdout
-    nodes = disttrain("estimate", "--device-memory", "400MiB", "--nnodes", "2", *bf16, timeout=120)
+    nodes = disttrain("estimate", "--device-memory", "420MiB", "--nnodes", "2", *bf16, timeout=120)
     assert nodes.returncode == 0 and "recommended: hsdp" in nodes.stdout, nodes.stdout
     assert "HSDP keeps all-gathers inside a node" in nodes.stdout
 
@@ -216,7 +216,7 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
 
 def test_run_prints_the_choice(tmp_path: object) -> None:
     p = disttrain(
-        "run", "--parallel.device", "cpu", "--parallel.device-memory", "400MiB", "--precision.dtype", "bf16",
+        "run", "--parallel.device", "cpu", "--parallel.device-memory", "420MiB", "--precision.dtype", "bf16",
         "--print-config",
     )  # fmt: skip
     assert p.returncode == 0, p.stderr

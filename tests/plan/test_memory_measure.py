@@ -56,7 +56,7 @@ def test_measured_bytes_match_the_plan(tmp_path: Path, small_text: Path, n: int)
             pred, meas = plan.row(row), worst[row]
             assert abs(pred - meas) <= 0.05 * meas, f"{s} {row}: predicted {pred}, measured {meas}"
         # saved activations: the plan assumes everything in the compute dtype; allow the mixed-precision spread
-        pred_act = est.profile.activations("none") - est.profile.largest_act
+        pred_act = est.profile.activations("none") - est.profile.backward_transient
         assert 0.6 * worst["activations_saved"] <= pred_act <= 1.6 * worst["activations_saved"], (s, worst)
         assert worst["peak"] > 0
         # step time, and the communication torch.profiler saw in one more step (gloo ranges, c10d ops)

@@ -13,9 +13,9 @@ and FSDP with CPU offload, with the exact byte arithmetic of what torch allocate
 - gathered: what FSDP all-gathers transiently in the compute dtype (the root unit, the current block and
   the prefetched ones, plus one block's unsharded gradient), or every unit when it does not reshard after
   forward; for DDP under autocast, the low-precision copies of the weights;
-- activations: saved tensors of one micro-batch in the compute dtype, plus the largest of them once more
-  (its gradient, at the start of backward); with activation checkpointing, only the inputs of the
-  checkpointed blocks plus one block recomputed.
+- activations: saved tensors of one micro-batch in the compute dtype, plus the largest of them twice more
+  (the gradients into and out of the op that saved it, at the start of backward); with activation
+  checkpointing, only the inputs of the checkpointed blocks plus one block recomputed.
 
 The total is the sum, an upper bound: gradients and activations overlap only partly in backward.
 :mod:`disttrain.plan.choose` turns a plan into the strategy to run (this module never imports the trainer).

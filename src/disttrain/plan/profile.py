@@ -72,6 +72,7 @@ class ModelProfile:
     block_input_bytes: tuple[int, ...]
     """Bytes of each block's input: what a checkpointed block keeps."""
     largest_act: int
+    """The largest storage autograd saves (for a language model, the loss's fp32 log-softmax over the vocabulary)."""
     micro_batch: int
     compute_dtype: str
     attention: str = "math"
@@ -87,17 +88,25 @@ class ModelProfile:
     def n_params(self) -> int:
         return sum(p.numel for p in self.params)
 
+    @property
+    def backward_transient(self) -> int:
+        """Bytes that live beside the saved tensors at the peak, at the start of backward: the gradient flowing
+        into the op that saved the largest tensor and the gradient it produces, each as large as that tensor
+        (for a language model: the gradients of the log-softmax and of the logits, B x T x vocab in fp32; at the
+        end of the forward the logits and their fp32 copy, about as large). Measured at a 16k vocabulary."""
+        return 2 * self.largest_act
+
     def activations(self, ac: str = "none") -> int:
         """Peak activation bytes with activation checkpointing ``none``, ``full`` or every K-th block (the
         blocks :func:`disttrain.dist.activation.checkpointed_indices` picks, as training does)."""
-        total = self.act_other + sum(self.act_by_block) + self.largest_act
+        total = self.act_other + sum(self.act_by_block) + self.backward_transient
         ckpt = checkpointed_indices(ac, self.n_blocks)
         if not ckpt:
             return total
         chosen = set(ckpt)
         saved = self.act_other + sum(a for i, a in enumerate(self.act_by_block) if i not in chosen)
         saved += sum(self.block_input_bytes[i] for i in ckpt)
-        return saved + max(self.act_by_block[i] for i in ckpt) + self.largest_act
+        return saved + max(self.act_by_block[i] for i in ckpt) + self.backward_transient
 
 
 def _meta_like(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

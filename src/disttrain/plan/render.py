@@ -122,7 +122,7 @@ def _line(cells: list[str], widths: list[int]) -> str:
 def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Predicted vs measured per strategy: a text table and the same figures as JSON (error in %)."""
     prof = est.profile
-    saved_pred = prof.activations(est.ac) - prof.largest_act  # what saved-tensor hooks can see
+    saved_pred = prof.activations(est.ac) - prof.backward_transient  # what saved-tensor hooks can see
     lines = [f"predicted vs measured, per rank ({est.layout.nproc} rank(s) on this machine)"]
     lines.append(f"{'strategy':<16}{'row':<14}{'predicted':>12}{'measured':>12}{'error':>9}")
     table: dict[str, Any] = {}

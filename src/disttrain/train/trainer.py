@@ -159,6 +159,7 @@ class Trainer:
                     with self.model.autocast():
                         out = self.model(x, **self.objective.call_kwargs(x, y))
                     loss = self.loss_fn(out, y)
+                    del out  # the logits (B x T x vocab) are not needed in backward: freed before it, not after
                 if i == 0:
                     loss = self._inject_faults(loss)
                 scaled = loss / n
