@@ -15,6 +15,7 @@ from disttrain.plan.machine import (
     MachineProfile,
     cache_path,
     fit_link,
+    fit_links,
     load_machine,
     parse_bandwidth,
     save_machine,
@@ -64,6 +65,35 @@ def test_ring_time_and_efficiency_arithmetic() -> None:
     assert link.efficiency(8_000_000, 4) == pytest.approx(2e-3 / 2.1e-3)
     assert link.efficiency(1, 1) == 1.0
     assert link.efficiency(link.size_for(0.8, 4), 4) == pytest.approx(0.8, rel=1e-3)
+
+
+def test_each_collective_measured_on_its_own_is_timed_by_its_own_fit() -> None:
+    # as gloo on 2 ranks here: reduce-scatter at half the all-gather's rate, all-reduce at twice a ring's
+    ag, rs, ar = (85e-6, 0.9e9), (100e-6, 0.45e9), (60e-6, 1.8e9)
+    half_ar = curve(*ar, 2)
+    link = fit_links(
+        {
+            "nranks": 2,
+            "points": curve(*ag, 2),
+            "kinds": {"reduce_scatter": curve(*rs, 2), "all_reduce": [(b, 2 * t) for b, t in half_ar]},
+        }
+    )
+    assert (link.latency_s, link.bandwidth_Bps) == pytest.approx(ag, rel=0.01)
+    assert link.by_kind["reduce_scatter"] == pytest.approx(rs, rel=0.01)
+    assert link.by_kind["all_reduce"] == pytest.approx(ar, rel=0.01)
+    size = 43 * 2**20
+    assert link.ring_time(size, 2, "reduce_scatter") == pytest.approx(rs[0] + size / 2 / rs[1])
+    assert link.ring_time(size, 2, "all_reduce") == pytest.approx(2 * (ar[0] + size / 2 / ar[1]))
+    assert link.ring_time(size, 2, "all_gather") == pytest.approx(ag[0] + size / 2 / ag[1])
+    # an all-gather curve alone (an older cache, a --bandwidth override): every kind as rings of all-gathers
+    plain = fit_links({"nranks": 2, "points": curve(*ag, 2)})
+    assert plain.by_kind == {} and plain.ring_time(size, 2, "reduce_scatter") == plain.ring_time(size, 2, "all_gather")
+    # the per-kind fits survive the cache; an entry written before them still loads
+    prof = MachineProfile("h", "cpu", "x", 2, {}, {"intra": link})
+    assert MachineProfile.from_json(json.loads(json.dumps(prof.to_json()))) == prof
+    old = prof.to_json()
+    del old["links"]["intra"]["by_kind"]
+    assert MachineProfile.from_json(old).links["intra"].by_kind == {}
 
 
 @pytest.mark.parametrize(

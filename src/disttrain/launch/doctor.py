@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain.launch.network import is_local
-from disttrain.plan.machine import LinkFit, MachineProfile, fit_link, load_machine, save_machine
+from disttrain.plan.machine import LinkFit, MachineProfile, fit_links, load_machine, save_machine
 
 Status = Literal["OK", "WARN", "FAIL"]
 MIN_TORCH = (2, 6)
@@ -277,15 +277,13 @@ def _best_peaks(old: dict[str, float], new: dict[str, float]) -> dict[str, float
 
 
 def check_link(measured: Path) -> list[Check]:
-    """Fit the all-gather curves this node's local rank 0 measured (doctor_worker.py), cache them with its
+    """Fit the collective curves this node's local rank 0 measured (doctor_worker.py), cache them with its
     matmul peak under this host (the links not measured now, and ``estimate --measure``'s efficiency, stay; the
     best matmul peak seen so far is kept)."""
     if not measured.is_file():
         return [Check("link", "WARN", "the test measured no all-gather curve", "run `disttrain doctor` again")]
     m = json.loads(measured.read_text())
-    links = {
-        k: fit_link([(int(b), float(t)) for b, t in c["points"]], int(c["nranks"])) for k, c in m["curves"].items()
-    }
+    links = {k: fit_links(c) for k, c in m["curves"].items()}
     old = load_machine()
     old = old if old is not None and old.device == m["device"] else None
     name = torch.cuda.get_device_name(0) if m["device"] == "cuda" else _cpu_name()
@@ -320,6 +318,8 @@ def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
             reach = fmt_bytes(f.size_for(0.8, f.nranks), 1)
             parts.append(f"all-gather {where.format(n=f.nranks)}: latency {f.latency_s * 1e6:.0f} us, "
                          f"{f.bandwidth_Bps / 1e9:.2f} GB/s; reaches 80% of it from {reach}")  # fmt: skip
+            rates = ", ".join(f"{k.replace('_', '-')} {bw / 1e9:.2f}" for k, (_, bw) in sorted(f.by_kind.items()))
+            parts[-1] += f" ({rates} GB/s as rings)" if rates else ""
     parts = parts or ["one rank: no link to measure"]
     per = "1 thread" if profile.device == "cpu" else "the GPU"
     flops = ", ".join(f"{k} {v:.3g}" for k, v in profile.matmul_tflops.items())

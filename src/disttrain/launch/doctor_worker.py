@@ -1,8 +1,9 @@
 """One rank of ``disttrain doctor``'s multi-process test, started through torchrun: all-reduce and all-gather
-bandwidth per backend, the all-gather latency/bandwidth curve over the local ranks (and, across nodes, over one
-rank per node), one thread's matmul TFLOP/s, across nodes the clocks and inter- vs intra-node bandwidth, and an
-RPC ping. Rank 0 writes the figures to ``<out_dir>/result.json``; local rank 0 of every node writes its node's
-curves and matmul peak to ``<out_dir>/machine.json`` (the launcher fits and caches them: disttrain.plan.machine)."""
+bandwidth per backend, the latency/bandwidth curves of all-gather, reduce-scatter and all-reduce over the local
+ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s, across nodes the clocks and
+inter- vs intra-node bandwidth, and an RPC ping. Rank 0 writes the figures to ``<out_dir>/result.json``; local
+rank 0 of every node writes its node's curves and matmul peak to ``<out_dir>/machine.json`` (the launcher fits
+and caches them: disttrain.plan.machine)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def worker(out_dir: str) -> None:
     across, curves = _across_nodes(main)
     res.update(across)
     if "nodes" not in across and world > 1:  # one node: the local ranks are the world (one rank: no link)
-        curves["intra"] = {"nranks": world, "points": _gather_curve(CURVE_BYTES, main)}
+        curves["intra"] = _curves(CURVE_BYTES, main)
     machine: dict[str, Any] = {"device": main.type, "curves": curves}
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         machine["matmul_tflops"] = _matmul_tflops(main)  # the other ranks wait at the barrier below
@@ -85,7 +86,7 @@ def worker(out_dir: str) -> None:
 def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> tuple[dict[str, Any], dict[str, Any]]:
     """Several nodes: the clock offsets between them (each rank's wall clock read just after a barrier, the
     median of 5 rounds), all-reduce bandwidth within a node vs across nodes (local rank 0 of each), and the
-    all-gather curves within this node ("intra") and over one rank per node ("inter", 3 sizes)."""
+    collective curves within this node ("intra") and over one rank per node ("inter", 3 sizes)."""
     nodes, local = int(os.environ.get("GROUP_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if nodes < 2 or dist.get_world_size() != nodes * local:
         return {}, {}
@@ -104,33 +105,37 @@ def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> tuple[dict[s
     node = me // local
     if local > 1:
         out["intra_all_reduce"] = _group_bandwidth(intra[node], ranks_of[node], nbytes, device)
-        curves["intra"] = {"nranks": local, "points": _gather_curve(CURVE_BYTES, device, intra[node])}
+        curves["intra"] = _curves(CURVE_BYTES, device, intra[node])
     if me % local == 0:
         out["inter_all_reduce"] = _group_bandwidth(inter, [r[0] for r in ranks_of], nbytes, device)
-        curves["inter"] = {"nranks": nodes, "points": _gather_curve(INTER_CURVE_BYTES, device, inter)}
+        curves["inter"] = _curves(INTER_CURVE_BYTES, device, inter)
     dist.barrier()
     return out, curves
 
 
 CURVE_BYTES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
-"""Total (gathered) sizes of the all-gather curve: from latency-bound to bandwidth-bound."""
+"""Total (unsharded) sizes of the collective curves: from latency-bound to bandwidth-bound."""
 INTER_CURVE_BYTES = (64 * 2**10, 2**20, 16 * 2**20)
 
 
-def _gather_curve(
-    sizes: tuple[int, ...], device: torch.device, group: Any = None, iters: int = 5
-) -> list[tuple[int, float]]:
-    """(total bytes gathered, median seconds) of an fp32 all-gather into one tensor (what FSDP runs) over
-    ``group`` at each total size: a warm-up, then ``iters`` timed calls, each after a barrier."""
+def _curves(sizes: tuple[int, ...], device: torch.device, group: Any = None, iters: int = 5) -> dict[str, Any]:
+    """The link over ``group``: ``{"nranks", "points": all-gather, "kinds": {"reduce_scatter", "all_reduce"}}``,
+    each a list of (total bytes: the unsharded buffer, median seconds) of the fp32 collective FSDP or DDP runs,
+    at each total size: a warm-up, then ``iters`` timed calls, each after a barrier."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name
     n = dist.get_world_size(group)
-    points = []
+    ops = {
+        "all_gather": lambda full, shard: functools.partial(gather, full, shard, group=group),
+        "reduce_scatter": lambda full, shard: functools.partial(dist.reduce_scatter_tensor, shard, full, group=group),
+        "all_reduce": lambda full, shard: functools.partial(dist.all_reduce, full, group=group),
+    }
+    points: dict[str, list[tuple[int, float]]] = {k: [] for k in ops}
     for total in sizes:
-        x = torch.ones(max(1, total // 4 // n), dtype=torch.float32, device=device)
-        out = torch.empty(x.numel() * n, dtype=torch.float32, device=device)
-        times = _timed(functools.partial(gather, out, x, group=group), group, device, iters)
-        points.append((out.numel() * 4, statistics.median(times)))
-    return points
+        shard = torch.ones(max(1, total // 4 // n), dtype=torch.float32, device=device)
+        full = torch.ones(shard.numel() * n, dtype=torch.float32, device=device)
+        for kind, op in ops.items():
+            points[kind].append((full.numel() * 4, statistics.median(_timed(op(full, shard), group, device, iters))))
+    return {"nranks": n, "points": points.pop("all_gather"), "kinds": points}
 
 
 def _timed(op: Any, group: Any, device: torch.device, iters: int) -> list[float]:

@@ -1,6 +1,8 @@
 """This machine's figures for the step-time plan, measured by ``disttrain doctor`` and cached per host: the
-latency and bandwidth of its links (a fit of all-gather times over sizes), its matmul peak per dtype, and the
-compute efficiency measured steps reached (``disttrain estimate --measure``).
+latency and bandwidth of its links (a fit of all-gather times over sizes, and of reduce-scatter and all-reduce
+times on their own: gloo's reduce-scatter runs at half its all-gather's rate, its all-reduce at twice what a
+ring of all-gathers would), its matmul peak per dtype, and the compute efficiency measured steps reached
+(``disttrain estimate --measure``).
 
 The cache is one JSON file, ``$DISTTRAIN_CACHE_DIR/machine.json`` (else ``$XDG_CACHE_HOME/disttrain`` or
 ``~/.cache/disttrain``), one entry per host name (a home folder shared by the nodes of a cluster keeps each
@@ -36,13 +38,18 @@ class LinkFit:
     points: tuple[tuple[int, float], ...] = ()
     """(total all-gathered bytes, seconds) as measured."""
     source: str = "measured"
+    by_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """``reduce_scatter`` / ``all_reduce`` -> (latency_s, bandwidth_Bps) of the same ring model fitted to that
+    collective's own times, where it was measured (a backend need not run them as rings of equal rate)."""
 
     def ring_time(self, nbytes: int, n: int, kind: str) -> float:
         """Seconds for a ring collective over ``n`` ranks of a buffer of ``nbytes`` (the full, unsharded size):
-        all-gather / reduce-scatter ``(n-1) (latency + nbytes / n / bandwidth)``, all-reduce twice that."""
+        all-gather / reduce-scatter ``(n-1) (latency + nbytes / n / bandwidth)``, all-reduce twice that; with the
+        collective's own fit where it was measured, else the all-gather's."""
         if n <= 1:
             return 0.0
-        t = (n - 1) * (self.latency_s + nbytes / n / self.bandwidth_Bps)
+        latency, bandwidth = self.by_kind.get(kind, (self.latency_s, self.bandwidth_Bps))
+        t = (n - 1) * (latency + nbytes / n / bandwidth)
         return 2 * t if kind == "all_reduce" else t
 
     def efficiency(self, nbytes: int, n: int) -> float:
@@ -83,6 +90,7 @@ class MachineProfile:
                 int(v["nranks"]),
                 tuple((int(b), float(s)) for b, s in v.get("points", ())),
                 str(v.get("source", "measured")),
+                {kind: (float(lat), float(bw)) for kind, (lat, bw) in v.get("by_kind", {}).items()},
             )
             for k, v in d.get("links", {}).items()
         }
@@ -150,6 +158,20 @@ def save_machine(profile: MachineProfile) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def fit_links(curve: dict[str, Any]) -> LinkFit:
+    """A link from what ``disttrain doctor`` measured over it: ``{"nranks": N, "points": [all-gather (bytes,
+    seconds)], "kinds": {"reduce_scatter": [...], "all_reduce": [...]}}`` (``kinds`` where measured). An
+    all-reduce is fitted as two rings (its times halved), so its (latency, bandwidth) read like the others'."""
+    n = int(curve["nranks"])
+    link = fit_link([(int(b), float(t)) for b, t in curve["points"]], n)
+    by_kind = {}
+    for kind, pts in curve.get("kinds", {}).items():
+        half = 2.0 if kind == "all_reduce" else 1.0
+        f = fit_link([(int(b), float(t) / half) for b, t in pts], n)
+        by_kind[kind] = (f.latency_s, f.bandwidth_Bps)
+    return dataclasses.replace(link, by_kind=by_kind)
 
 
 def fit_link(points: list[tuple[int, float]], nranks: int) -> LinkFit:
