@@ -15,7 +15,7 @@ choice src/ makes is still the faster one on this CPU and torch:
 * ``attention: SDPA``: ``F.scaled_dot_product_attention`` (its CPU flash kernel) whatever the dtype and CPU;
 * ``GELU: tanh``: ``F.gelu(approximate="tanh")``;
 * ``AdamW: foreach``: ``AdamW(foreach=True)`` (src uses ``fused=True`` outside FSDP);
-* ``attention: bmm``: ``baddbmm`` + softmax + ``bmm`` (what src does for bf16 on a CPU with AMX; SDPA
+* ``attention: bmm``: ``baddbmm`` + softmax + ``bmm`` (what src does for bf16 on a CPU with AMX or AVX512-BF16; SDPA
   elsewhere);
 * ``GEMMs only``: not a training step: only the model's matmuls (every linear layer's forward and both
   backward GEMMs, and the attention bmm's, in the same dtype and shapes): the MFU ceiling if nothing else

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain.config import PrecisionConfig
+from disttrain.utils.peak import cpu_has_fast_bf16
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,7 @@ def fast_bf16(device_type: str) -> bool:
     (elsewhere torch emulates bf16 on the CPU, about 50-100x slower than fp32)."""
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    cpu = torch.cpu
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(bool(getattr(cpu, p, lambda: False)()) for p in probes)
+    return cpu_has_fast_bf16()
 
 
 def resolve_precision(precision: PrecisionConfig, device_type: str) -> PrecisionConfig:

@@ -1,4 +1,5 @@
-"""Peak matmul FLOP/s of one device: a table of known GPUs (dense bf16), or a square matmul measured here.
+"""Peak matmul FLOP/s of one device: a table of known GPUs (dense bf16), or a square matmul measured here; and
+whether this CPU computes bf16 matmuls natively.
 
 Below the trainer (MFU) and the planner (predicted compute time), which both ask it.
 """
@@ -8,6 +9,14 @@ from __future__ import annotations
 import time
 
 import torch
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: where bf16 matmuls on the CPU are fast (elsewhere torch emulates them, about 50-100x
+    slower than fp32)."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
+
 
 # Dense (no sparsity) peak TFLOP/s for bf16/fp16 tensor-core matmuls.
 GPU_PEAK_TFLOPS = {
