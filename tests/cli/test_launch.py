@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from disttrain.launch.torchrun import CPU_MALLOC_ENV, worker_env_defaults
+
 from conftest import disttrain, tiny_cli_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -17,7 +19,8 @@ from pathlib import Path
 out = Path(sys.argv[1])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 rank = int(os.environ["RANK"])
-env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")}
+env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+                                      "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")}
 (out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps({"env": env, "args": sys.argv[2:]}))
 if attempt == 0 and rank == 1:
     sys.exit(3)  # the first attempt fails on one rank; torchrun restarts the whole group
@@ -35,6 +38,20 @@ def test_launch_sets_torchrun_env_and_restarts(tmp_path: Path) -> None:
             assert got["env"]["RANK"] == str(rank) and got["env"]["WORLD_SIZE"] == "2"
             assert got["env"]["LOCAL_RANK"] == str(rank) and got["env"]["OMP_NUM_THREADS"] == "1"
             assert got["args"] == ["--flag", "x"]
+            # CPU workers: glibc serves large buffers from its heap and keeps them (no fresh pages every step)
+            assert {k: got["env"][k] for k in CPU_MALLOC_ENV} == CPU_MALLOC_ENV
+
+
+def test_cpu_workers_get_the_allocator_settings_unless_the_user_set_any() -> None:
+    env: dict[str, str] = {}
+    worker_env_defaults(env, 2, "cpu")
+    assert CPU_MALLOC_ENV.items() <= env.items() and env["OMP_NUM_THREADS"] == "1"
+    mine = {"MALLOC_ARENA_MAX": "2"}  # the user's own tuning: nothing added beside it
+    worker_env_defaults(mine, 2, "cpu")
+    assert not any(k in mine for k in CPU_MALLOC_ENV)
+    gpu: dict[str, str] = {}
+    worker_env_defaults(gpu, 2, "cuda")
+    assert not any(k.startswith("MALLOC_") for k in gpu)
 
 
 def test_launch_reports_a_failure_without_restarts(tmp_path: Path) -> None:

@@ -102,12 +102,23 @@ def torchrun_argv(
     return argv
 
 
-def _worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type: str) -> None:
+def worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type: str) -> None:
     """The variables every worker starts with, unless ``env`` already sets them."""
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc, device_type)))
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if device_type == "cpu" and not any(k.startswith("MALLOC_") for k in env):
+        env.update(CPU_MALLOC_ENV)
+
+
+CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+"""glibc's allocator for CPU workers, unless the user set any ``MALLOC_*`` variable. By default glibc maps every
+allocation of 32 MiB or more afresh and unmaps it when freed, and torch's CPU allocator keeps nothing, so each
+step's large transient buffers (an FSDP unit's gradients and reduce-scatter input, a large vocabulary's
+logits) come as new zeroed pages: 0.5 ms per MiB here, 6x the cost of a copy into a kept buffer. From the heap,
+kept once freed, they cost nothing after the first step (benchmarks/bench_malloc.py). A worker's memory stays at
+its peak instead of falling back between steps; the memory plan budgets that peak anyway."""
 
 
 def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Callable[[int], str] | None = None) -> int:
@@ -117,7 +128,7 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    _worker_env_defaults(os.environ, nproc, device_type)
+    worker_env_defaults(os.environ, nproc, device_type)
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
     args = get_args_parser().parse_args(argv)
@@ -157,7 +168,7 @@ def run_module_captured(
     of its stdout when stderr is empty, joined by `` | ``). ``env`` adds to (and overrides) this process's
     variables; the worker defaults of :func:`run_torchrun` fill in the rest."""
     child_env = {**os.environ, **(env or {})}
-    _worker_env_defaults(child_env, nproc, device_type)
+    worker_env_defaults(child_env, nproc, device_type)
     argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(nproc, LaunchConfig())]
     proc = subprocess.run([*argv, "-m", module, *args], env=child_env, capture_output=True, text=True, timeout=timeout)
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-tail_lines:]
