@@ -19,7 +19,13 @@ from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.resolve import plan_and_resolve
 from disttrain.launch.slurm import requeue
-from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
+from disttrain.launch.torchrun import (
+    STOPPED_CODES,
+    keep_large_buffers_here,
+    run_torchrun,
+    threads_per_rank,
+    torchrun_argv,
+)
 
 
 def make_run_dir(cfg: JobConfig) -> Path:
@@ -57,6 +63,8 @@ def launch_job(cfg: JobConfig) -> int:
         from disttrain.launch import worker  # the trainer and FSDP: only here, in-process
 
         torch.set_num_threads(threads_per_rank(1, device))
+        if device == "cpu":
+            keep_large_buffers_here()
         code = worker.main(run_dir)
     else:
         argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)

@@ -6,6 +6,7 @@ and their output (``disttrain estimate --measure``).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -119,6 +120,20 @@ step's large transient buffers (an FSDP unit's gradients and reduce-scatter inpu
 logits) come as new zeroed pages: 0.5 ms per MiB here, 6x the cost of a copy into a kept buffer. From the heap,
 kept once freed, they cost nothing after the first step (benchmarks/bench_malloc.py). A worker's memory stays at
 its peak instead of falling back between steps; the memory plan budgets that peak anyway."""
+
+
+def keep_large_buffers_here() -> bool:
+    """:data:`CPU_MALLOC_ENV` for this process, which is already running (an in-process single-rank job), through
+    glibc's ``mallopt`` (its trim threshold is a C int there: 2 GiB); False where the user set a ``MALLOC_*``
+    variable or this is not glibc."""
+    if any(k.startswith("MALLOC_") for k in os.environ):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+        return bool(libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1)
+    except (OSError, AttributeError):
+        return False
 
 
 def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Callable[[int], str] | None = None) -> int:
