@@ -5,10 +5,10 @@ By default glibc maps every allocation of 32 MiB or more afresh and unmaps it wh
 allocator caches nothing, so a step's large transient buffers come as new zeroed pages every step. Part 1 times
 that alone in this process (a fresh buffer filled by a copy, against a copy into a kept buffer, by size). Part 2
 launches the default GPT on 2 ranks (gloo, one thread each, micro-batch 8, ``precision.dtype`` auto) with the
-launcher's settings and with glibc's defaults (``MALLOC_MMAP_MAX_=65536``: any ``MALLOC_*`` variable the user
-sets keeps the launcher's hands off), launches alternating, each launch timing every variant round-robin.
-The allocator settings can only change at process start, so the two sides are separate launches: the ratio is
-the median over launch pairs of the per-variant median step.
+launcher's settings and with glibc's defaults (``DISTTRAIN_CPU_MALLOC=glibc``; not a ``MALLOC_*`` variable:
+setting any of those turns off glibc's adaptive mmap threshold, far slower than either), launches alternating,
+each launch timing every variant round-robin. The allocator settings can only change at process start, so the
+two sides are separate launches: the ratio is the median over launch pairs of the per-variant median step.
 
     .venv/bin/python benchmarks/bench_malloc.py [--pairs 2] [--rounds 6]
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import _common as C
 
-GLIBC_DEFAULT = {"MALLOC_MMAP_MAX_": "65536"}
+GLIBC_DEFAULT = {"DISTTRAIN_CPU_MALLOC": "glibc"}
 VARIANTS = {"ddp": {"strategy": "ddp"}, "fsdp 1/unit": {"blocks_per_unit": 1}, "fsdp 6/unit": {"blocks_per_unit": 6}}
 
 
@@ -108,8 +108,8 @@ def launch(args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, Any
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, **extra_env,
-               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        mine = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DISTTRAIN_CPU_MALLOC"))}
+        env = {**mine, **extra_env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         cmd = [str(C.DISTTRAIN), "launch", "-n", "2", __file__, "--rounds", str(args.rounds), "--out", tmp]
         if subprocess.run(cmd, env=env, timeout=900, cwd=C.ROOT).returncode != 0:
             raise SystemExit(f"benchmark workers failed: {' '.join(cmd)}")

@@ -47,9 +47,9 @@ def test_cpu_workers_get_the_allocator_settings_unless_the_user_set_any() -> Non
     env: dict[str, str] = {}
     worker_env_defaults(env, 2, "cpu")
     assert CPU_MALLOC_ENV.items() <= env.items() and env["OMP_NUM_THREADS"] == "1"
-    mine = {"MALLOC_ARENA_MAX": "2"}  # the user's own tuning: nothing added beside it
-    worker_env_defaults(mine, 2, "cpu")
-    assert not any(k in mine for k in CPU_MALLOC_ENV)
+    for mine in ({"MALLOC_ARENA_MAX": "2"}, {"DISTTRAIN_CPU_MALLOC": "glibc"}):  # the user's own choice
+        worker_env_defaults(mine, 2, "cpu")
+        assert not any(k in mine for k in CPU_MALLOC_ENV), mine
     gpu: dict[str, str] = {}
     worker_env_defaults(gpu, 2, "cuda")
     assert not any(k.startswith("MALLOC_") for k in gpu)

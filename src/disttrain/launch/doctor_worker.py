@@ -122,11 +122,12 @@ def _curves(sizes: tuple[int, ...], device: torch.device, group: Any = None, ite
     """The link over ``group``: ``{"nranks", "points": all-gather, "kinds": {"reduce_scatter", "all_reduce"}}``,
     each a list of (total bytes: the unsharded buffer, median seconds) of the fp32 collective FSDP or DDP runs,
     at each total size: a warm-up, then ``iters`` timed calls, each after a barrier."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer names
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     n = dist.get_world_size(group)
     ops = {
         "all_gather": lambda full, shard: functools.partial(gather, full, shard, group=group),
-        "reduce_scatter": lambda full, shard: functools.partial(dist.reduce_scatter_tensor, shard, full, group=group),
+        "reduce_scatter": lambda full, shard: functools.partial(scatter, shard, full, group=group),
         "all_reduce": lambda full, shard: functools.partial(dist.all_reduce, full, group=group),
     }
     points: dict[str, list[tuple[int, float]]] = {k: [] for k in ops}

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 import torch
@@ -109,12 +109,19 @@ def worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type: 
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    if device_type == "cpu" and not any(k.startswith("MALLOC_") for k in env):
+    if device_type == "cpu" and _allocator_is_ours(env):
         env.update(CPU_MALLOC_ENV)
 
 
+def _allocator_is_ours(env: Mapping[str, str]) -> bool:
+    """Whether to tune glibc's allocator: not where the user set ``DISTTRAIN_CPU_MALLOC=glibc`` or any
+    ``MALLOC_*`` variable of their own (setting any of those also turns off glibc's own adaptive threshold)."""
+    return env.get("DISTTRAIN_CPU_MALLOC", "keep") != "glibc" and not any(k.startswith("MALLOC_") for k in env)
+
+
 CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
-"""glibc's allocator for CPU workers, unless the user set any ``MALLOC_*`` variable. By default glibc maps every
+"""glibc's allocator for CPU workers, unless the user said ``DISTTRAIN_CPU_MALLOC=glibc`` or set any ``MALLOC_*``
+variable. By default glibc maps every
 allocation of 32 MiB or more afresh and unmaps it when freed, and torch's CPU allocator keeps nothing, so each
 step's large transient buffers (an FSDP unit's gradients and reduce-scatter input, a large vocabulary's
 logits) come as new zeroed pages: 0.5 ms per MiB here, 6x the cost of a copy into a kept buffer. From the heap,
@@ -124,9 +131,9 @@ its peak instead of falling back between steps; the memory plan budgets that pea
 
 def keep_large_buffers_here() -> bool:
     """:data:`CPU_MALLOC_ENV` for this process, which is already running (an in-process single-rank job), through
-    glibc's ``mallopt`` (its trim threshold is a C int there: 2 GiB); False where the user set a ``MALLOC_*``
-    variable or this is not glibc."""
-    if any(k.startswith("MALLOC_") for k in os.environ):
+    glibc's ``mallopt`` (its trim threshold is a C int there: 2 GiB); False where the user opted out (see
+    :func:`worker_env_defaults`) or this is not glibc."""
+    if not _allocator_is_ours(os.environ):
         return False
     try:
         libc = ctypes.CDLL(None)
