@@ -160,9 +160,12 @@ def spread(xs: Sequence[float]) -> tuple[float, float]:
 
 
 # -- multi-rank ---------------------------------------------------------------------------------------
-def launch(nproc: int, script: Path, args: list[str], timeout: float = 600.0) -> None:
-    """``disttrain launch -n nproc script args`` with one thread per rank; raise if it fails."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def launch(
+    nproc: int, script: Path, args: list[str], timeout: float = 600.0, env: dict[str, str] | None = None
+) -> None:
+    """``disttrain launch -n nproc script args`` with one thread per rank, in ``env`` (default: this process's);
+    raise if it fails."""
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [str(DISTTRAIN), "launch", "-n", str(nproc), str(script), *args]
     proc = subprocess.run(cmd, env=env, timeout=timeout, cwd=ROOT)
     if proc.returncode != 0:
@@ -174,10 +177,12 @@ def is_worker() -> bool:
     return "RANK" in os.environ
 
 
-def launch_and_collect(nproc: int, script: Path, args: list[str]) -> list[dict[str, Any]]:
+def launch_and_collect(
+    nproc: int, script: Path, args: list[str], env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Launch workers that each write ``OUT/rank<r>.json``; return the ranks' results in rank order."""
     with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
-        launch(nproc, script, [*args, "--out", tmp])
+        launch(nproc, script, [*args, "--out", tmp], env=env)
         return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 

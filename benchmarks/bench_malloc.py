@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,16 +103,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, Any]:
-    import json
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
-        mine = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DISTTRAIN_CPU_MALLOC"))}
-        env = {**mine, **extra_env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [str(C.DISTTRAIN), "launch", "-n", "2", __file__, "--rounds", str(args.rounds), "--out", tmp]
-        if subprocess.run(cmd, env=env, timeout=900, cwd=C.ROOT).returncode != 0:
-            raise SystemExit(f"benchmark workers failed: {' '.join(cmd)}")
-        ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(2)]
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DISTTRAIN_CPU_MALLOC"))}
+    ranks = C.launch_and_collect(2, Path(__file__), ["--rounds", str(args.rounds)], env={**mine, **extra_env})
     return {"times": ranks[0]["times"], "peak_rss": max(r["peak_rss"] for r in ranks)}
 
 
