@@ -109,11 +109,11 @@ def worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type: 
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     # A restarted group must not read the previous attempt's addresses from a shared store (pytorch#135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    if device_type == "cpu" and _allocator_is_ours(env):
+    if device_type == "cpu" and allocator_is_ours(env):
         env.update(CPU_MALLOC_ENV)
 
 
-def _allocator_is_ours(env: Mapping[str, str]) -> bool:
+def allocator_is_ours(env: Mapping[str, str]) -> bool:
     """Whether to tune glibc's allocator: not where the user set ``DISTTRAIN_CPU_MALLOC=glibc`` or any
     ``MALLOC_*`` variable of their own (setting any of those also turns off glibc's own adaptive threshold)."""
     return env.get("DISTTRAIN_CPU_MALLOC", "keep") != "glibc" and not any(k.startswith("MALLOC_") for k in env)
@@ -130,11 +130,14 @@ kept once freed, they cost nothing after the first step: 7-10% faster steps on 2
 
 
 def keep_large_buffers_here() -> bool:
-    """:data:`CPU_MALLOC_ENV` for this process, which is already running (an in-process single-rank job), through
-    glibc's ``mallopt`` (its trim threshold is a C int there: 2 GiB); False where the user opted out (see
-    :func:`worker_env_defaults`) or this is not glibc."""
-    if not _allocator_is_ours(os.environ):
-        return False
+    """:data:`CPU_MALLOC_ENV` for this process, which is already running (an in-process single-rank job); False
+    where the user opted out (see :func:`worker_env_defaults`) or this is not glibc."""
+    return allocator_is_ours(os.environ) and keep_large_buffers()
+
+
+def keep_large_buffers() -> bool:
+    """:data:`CPU_MALLOC_ENV`'s behaviour from now on in this process, through glibc's ``mallopt`` (its trim
+    threshold is a C int there: 2 GiB), whatever the environment says; False where this is not glibc."""
     try:
         libc = ctypes.CDLL(None)
         m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>

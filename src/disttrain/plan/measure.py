@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from disttrain.config import JobConfig, from_dict, to_dict
-from disttrain.launch.torchrun import run_module_captured, threads_per_rank
+from disttrain.launch.torchrun import allocator_is_ours, keep_large_buffers, run_module_captured, threads_per_rank
 from disttrain.utils.process import run_and_exit
 
 
@@ -154,9 +154,13 @@ def _step(trainer: Any, keep_grads: bool, saved: SavedBytes | None = None) -> No
         trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2, timed_steps: int = 3) -> dict[str, Any]:
+def measure_strategy(
+    cfg: JobConfig, strategy: str, env: Any, steps: int = 2, timed_steps: int = 3, keep_buffers: bool = False
+) -> dict[str, Any]:
     """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank, then ``timed_steps`` more; its measured
-    bytes and step time (:func:`time_steps`)."""
+    bytes and step time (:func:`time_steps`). The bytes are measured with every large tensor mapped and unmapped
+    (see :func:`measure`); ``keep_buffers``: the timed steps run with the allocator a CPU job runs with
+    (:func:`disttrain.launch.torchrun.keep_large_buffers`), after one more step to settle it."""
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.dist.mesh import SHARDED
     from disttrain.train.trainer import Trainer
@@ -187,6 +191,8 @@ def measure_strategy(cfg: JobConfig, strategy: str, env: Any, steps: int = 2, ti
         acc = account(trainer.model.module, trainer.optimizer)
     peak = torch.cuda.max_memory_allocated() - base if cuda else rss.peak - base_rss
     trainer.optimizer.zero_grad(set_to_none=True)
+    if keep_buffers and keep_large_buffers():
+        trainer.train_step()
     out = {
         "strategy": strategy,
         **acc,
@@ -245,15 +251,18 @@ def measure(
     env = {
         "OMP_NUM_THREADS": str(threads_per_rank(nproc, device)),
         # glibc keeps freed blocks resident once its mmap threshold has grown: fix the threshold so that
-        # large tensors are mmap'd and unmapped, and the RSS peak follows the live tensors
+        # large tensors are mmap'd and unmapped, and the RSS peak follows the live tensors (the timed steps
+        # then switch to the allocator a job runs with: mapping every tensor made them 30-40% slower)
         "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "65536"),
     }
+    keep = device == "cpu" and allocator_is_ours(os.environ)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="disttrain-measure-") as tmp:
         for s in strategies:
             spec = Path(tmp) / f"{s}.json"
             run_cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **(tuned or {}).get(s, {})))
-            spec.write_text(json.dumps({"config": to_dict(run_cfg), "strategies": [s], "steps": steps, "out": tmp}))
+            spec.write_text(json.dumps({"config": to_dict(run_cfg), "strategies": [s], "steps": steps, "out": tmp,
+                                        "keep_buffers": keep}))  # fmt: skip
             code, tail = run_module_captured(
                 "disttrain.plan.measure", [str(spec)], nproc, device, env=env, timeout=timeout
             )
@@ -272,9 +281,9 @@ def worker(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     cfg = from_dict(spec["config"])
     env = init_distributed(cfg.parallel.device, cfg.parallel.timeout_s)
-    out = {
-        s: measure_strategy(cfg, s, env, spec.get("steps", 2), spec.get("timed_steps", 3)) for s in spec["strategies"]
-    }
+    keep = bool(spec.get("keep_buffers", False))
+    steps, timed = spec.get("steps", 2), spec.get("timed_steps", 3)
+    out = {s: measure_strategy(cfg, s, env, steps, timed, keep) for s in spec["strategies"]}
     Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(out))
     destroy_distributed()
 
