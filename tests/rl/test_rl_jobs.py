@@ -38,7 +38,9 @@ def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path
     proc = rl_job(tmp_path, "dqn", *args, env=kill)
     run = tmp_path / "dqn"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["return"] > 3 * RANDOM_RETURN, summary  # the near-greedy actor's episodes
+    # the near-greedy actor's episodes: 61-102 over five runs (actors and learner interleave differently each run;
+    # the updates, ~1,520, do not vary), 2.8-4.6x a random policy's; 3x failed once in CI
+    assert summary["return"] > 2 * RANDOM_RETURN, summary
     assert summary["env_steps"] >= 25000 and summary["updates"] > 0 and not summary["solved"]
     assert "actor 0 (rank 1) exited with code -9; spare rank 3 takes its place" in proc.stderr, proc.stderr[-2000:]
     kinds = [(e["event"], e["actor"], e["rank"]) for e in events(run)]
