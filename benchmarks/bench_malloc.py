@@ -1,4 +1,4 @@
-"""glibc's allocator settings for CPU workers (``disttrain.launch.torchrun.CPU_MALLOC_ENV``) against glibc's
+"""glibc's allocator settings for CPU workers (``disttrain.utils.malloc.CPU_MALLOC_ENV``) against glibc's
 defaults: step time and peak RSS per rank, for DDP and for FSDP with one and with six blocks per unit.
 
 By default glibc maps every allocation of 32 MiB or more afresh and unmaps it when freed, and torch's CPU
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> None:
     if C.is_worker():
         worker(args)
         return
-    from disttrain.launch.torchrun import CPU_MALLOC_ENV
+    from disttrain.utils.malloc import CPU_MALLOC_ENV
 
     C.print_machine()
     part1 = fresh_pages()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.launch.torchrun import CPU_MALLOC_ENV, worker_env_defaults
+from disttrain.launch.torchrun import worker_env_defaults
+from disttrain.utils.malloc import CPU_MALLOC_ENV
 
 from conftest import disttrain, tiny_cli_args
 
@@ -74,7 +75,7 @@ def test_single_process_run_needs_no_process_group(tmp_path: Path, small_text: P
 
 FRESH_PAGES = """
 import resource, sys, torch
-from disttrain.launch.torchrun import keep_large_buffers_here
+from disttrain.utils.malloc import keep_large_buffers_here
 if sys.argv[1] == "keep":
     assert keep_large_buffers_here()
 src = torch.ones(48 * 2**18)  # 48 MiB: above glibc's 32 MiB mmap ceiling

@@ -19,13 +19,8 @@ from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.resolve import plan_and_resolve
 from disttrain.launch.slurm import requeue
-from disttrain.launch.torchrun import (
-    STOPPED_CODES,
-    keep_large_buffers_here,
-    run_torchrun,
-    threads_per_rank,
-    torchrun_argv,
-)
+from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
+from disttrain.utils.malloc import keep_large_buffers_here
 
 
 def make_run_dir(cfg: JobConfig) -> Path:

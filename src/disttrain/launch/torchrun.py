@@ -6,13 +6,12 @@ and their output (``disttrain estimate --measure``).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.health.peers import PEER_LOST_EXIT
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
+from disttrain.utils.malloc import CPU_MALLOC_ENV, allocator_is_ours
 
 STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun's agent passes on to the workers: its defaults and Slurm's time-limit warning."""
@@ -111,39 +111,6 @@ def worker_env_defaults(env: MutableMapping[str, str], nproc: int, device_type: 
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if device_type == "cpu" and allocator_is_ours(env):
         env.update(CPU_MALLOC_ENV)
-
-
-def allocator_is_ours(env: Mapping[str, str]) -> bool:
-    """Whether to tune glibc's allocator: not where the user set ``DISTTRAIN_CPU_MALLOC=glibc`` or any
-    ``MALLOC_*`` variable of their own (setting any of those also turns off glibc's own adaptive threshold)."""
-    return env.get("DISTTRAIN_CPU_MALLOC", "keep") != "glibc" and not any(k.startswith("MALLOC_") for k in env)
-
-
-CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
-"""glibc's allocator for CPU workers, unless the user said ``DISTTRAIN_CPU_MALLOC=glibc`` or set any ``MALLOC_*``
-variable. By default glibc maps every
-allocation of 32 MiB or more afresh and unmaps it when freed, and torch's CPU allocator keeps nothing, so each
-step's large transient buffers (an FSDP unit's gradients and reduce-scatter input, a large vocabulary's
-logits) come as new zeroed pages: 0.35 ms per MiB here, 5x the cost of a copy into a kept buffer. From the heap,
-kept once freed, they cost nothing after the first step: 7-10% faster steps on 2 ranks here, the same peak RSS
-(benchmarks/bench_malloc.py). A worker's memory stays at its peak instead of falling back between steps."""
-
-
-def keep_large_buffers_here() -> bool:
-    """:data:`CPU_MALLOC_ENV` for this process, which is already running (an in-process single-rank job); False
-    where the user opted out (see :func:`worker_env_defaults`) or this is not glibc."""
-    return allocator_is_ours(os.environ) and keep_large_buffers()
-
-
-def keep_large_buffers() -> bool:
-    """:data:`CPU_MALLOC_ENV`'s behaviour from now on in this process, through glibc's ``mallopt`` (its trim
-    threshold is a C int there: 2 GiB), whatever the environment says; False where this is not glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
-        return bool(libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1)
-    except (OSError, AttributeError):
-        return False
 
 
 def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Callable[[int], str] | None = None) -> int:

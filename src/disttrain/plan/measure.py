@@ -33,7 +33,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from disttrain.config import JobConfig, from_dict, to_dict
-from disttrain.launch.torchrun import allocator_is_ours, keep_large_buffers, run_module_captured, threads_per_rank
+from disttrain.launch.torchrun import run_module_captured, threads_per_rank
+from disttrain.utils.malloc import allocator_is_ours, keep_large_buffers, trim_heap
 from disttrain.utils.process import run_and_exit
 
 
@@ -103,18 +104,6 @@ class SavedBytes:
         self._ctx.__exit__(*exc)
 
 
-def _trim_heap() -> None:
-    """Give the heap's free pages back to the OS (glibc ``malloc_trim``), so that what the next strategy
-    allocates shows in the RSS instead of reusing what the previous one freed (a tiny model's tensors are all
-    below the mmap threshold: without this its RSS peak could read 0)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):  # not glibc
-        pass
-
-
 class RssPeak:
     """Peak resident set size of this process, sampled every millisecond in a thread."""
 
@@ -160,7 +149,7 @@ def measure_strategy(
     """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank, then ``timed_steps`` more; its measured
     bytes and step time (:func:`time_steps`). The bytes are measured with every large tensor mapped and unmapped
     (see :func:`measure`); ``keep_buffers``: the timed steps run with the allocator a CPU job runs with
-    (:func:`disttrain.launch.torchrun.keep_large_buffers`), after one more step to settle it."""
+    (:func:`disttrain.utils.malloc.keep_large_buffers`), after one more step to settle it."""
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.dist.mesh import SHARDED
     from disttrain.train.trainer import Trainer
@@ -174,7 +163,7 @@ def measure_strategy(
     train, _, text = build_data(cfg)
     vocab = vocab_size(train, text)
     gc.collect()
-    _trim_heap()
+    trim_heap()
     cuda = env.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
