@@ -32,7 +32,7 @@ from disttrain.health.signals import STOPPING, install_stop_signals
 from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
 from disttrain.train.trainer import FitResult, Trainer
-from disttrain.utils.process import exit_now
+from disttrain.utils.process import exit_now, say_on_console
 
 log = logging.getLogger("disttrain")
 
@@ -156,8 +156,8 @@ def checkpoints_folder_of(cfg: JobConfig, run_dir: Path) -> Path:
 
 
 def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str) -> int:
-    """One line per node (its local rank 0, whose output is the console's) instead of a traceback per rank:
-    who was lost, what happens next."""
+    """One line per node (from its first rank to notice) instead of a traceback per rank: who was lost, what
+    happens next."""
     usable = [c for c in list_checkpoints(checkpoints_folder_of(cfg, run_dir)) if c.usable]
     newest = f"the newest checkpoint is step {usable[-1].step}" if usable else "no checkpoint yet"
     left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - attempt()
@@ -170,9 +170,11 @@ def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str)
     msg = f"lost contact with {addr} ({what}): a node of this job went away or its link is down; {then}"
     record_exit(run_dir, env.rank, msg)
     log_event(run_dir, "peer_lost", rank=env.rank, peer=addr, cause=what)
-    node_marker(run_dir).touch()
-    if env.local_rank == 0:
-        print(f"disttrain: rank {env.rank}: {msg}", file=sys.stderr, flush=True)
+    try:
+        node_marker(run_dir).touch(exist_ok=False)
+    except FileExistsError:  # another rank of this node said it already
+        return stop_now(env, PEER_LOST_EXIT)
+    say_on_console(f"disttrain: rank {env.rank}: {msg}")
     return stop_now(env, PEER_LOST_EXIT)
 
 

@@ -28,7 +28,7 @@ variable (:func:`disttrain.launch.torchrun.worker_env_defaults`). By default gli
 MiB or more afresh and unmaps it when freed, and torch's CPU allocator keeps nothing, so each step's large
 transient buffers (an FSDP unit's gradients and reduce-scatter input, a large vocabulary's logits) come as new
 zeroed pages: 0.35 ms per MiB here, 5x the cost of a copy into a kept buffer. From the heap, kept once freed,
-they cost nothing after the first step: 7-10% faster steps on 2 ranks here, the same peak RSS
+they cost nothing after the first few steps: 7-10% faster steps on 2 ranks here, the same peak RSS
 (benchmarks/bench_malloc.py). A worker's memory stays at its peak instead of falling back between steps."""
 
 
