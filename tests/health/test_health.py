@@ -224,7 +224,7 @@ def test_a_slow_rank_is_named_a_straggler(tmp_path: Path, small_text: Path) -> N
 
 # -- doctor, config, presets ---------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_doctor_passes_on_this_machine_and_caches_its_link_and_matmul_figures(tmp_path: Path) -> None:
+def test_doctor_passes_on_this_machine_and_caches_its_link_and_compute_figures(tmp_path: Path) -> None:
     proc = disttrain("doctor", "--json", env={"DISTTRAIN_CACHE_DIR": str(tmp_path)}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -241,6 +241,8 @@ def test_doctor_passes_on_this_machine_and_caches_its_link_and_matmul_figures(tm
     assert intra["bandwidth_Bps"] > 0 and intra["latency_s"] >= 0 and intra["nranks"] == 2, intra
     assert [b for b, _ in intra["points"]] == [4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20], intra
     assert all(t > 0 for _, t in intra["points"]) and entry["matmul_tflops"]["fp32"] > 0, entry
+    # a block's element-wise work: between 10 M and 1 T elements/s on any CPU
+    assert 1e7 < entry["elementwise_rate"]["fp32"] < 1e12 and "G elements/s" in link["detail"], entry
     assert {k: v for k, v in link["data"].items() if k != "cache"} == entry  # --json shows what was cached
 
 

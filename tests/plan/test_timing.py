@@ -7,6 +7,8 @@ benchmarks/bench_plan_time.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_memory import Tiny  # 376 parameters: root 160 (embedding, head), 3 blocks of 72
@@ -88,6 +90,31 @@ def test_ring_times_add_up_to_the_step() -> None:
     assert t.sent_intra == pytest.approx(1504 + 16)
     gpu = step_time("ddp", prof, cfg, machine(1e-3, 1e6, device="cuda"), 2, 1, 1)
     assert gpu.predicted_s == gpu.overlap_s <= gpu.no_overlap_s
+    # with an element-wise rate: the forward's elements, about twice that in backward, at that rate per thread
+    counted = step_time("ddp", prof, cfg, dataclasses.replace(m, elementwise_rate=1e6), 2, 1, 1)
+    assert prof.forward_elements > 0
+    assert counted.compute_s == pytest.approx(t.compute_s + 3 * prof.forward_elements / 1e6)
+    assert counted.framework_s == pytest.approx(counted.compute_s - prof.train_flops / (0.1e12 * 0.5))
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(16), torch.nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.fc(self.norm(x)).view(x.shape[0], 2, 4, 4)  # a view writes nothing
+        att = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return torch.nn.functional.gelu(att.flatten(1)) + x.repeat(1, 2)
+
+
+def test_the_profile_counts_the_elements_element_wise_operators_write() -> None:
+    """The layer norm (8 x 16, plus its mean and rstd), the attention's output only (a fused kernel on the
+    devices: 8 x 32; the meta device's math path writes its scores and softmax), the repeat, the GELU and the
+    add (8 x 32 each) and the loss; not the Linear (a matmul: its FLOPs) and not the views."""
+    sample = (torch.zeros(16), torch.zeros(()))
+    prof = profile_model(torch.nn.Sequential(Block()), sample, micro_batch=8, loss_fn=lambda out, _: out.sum())
+    assert prof.forward_elements == 8 * 16 + 2 * 8 + 4 * 8 * 32 + 1
 
 
 def gpt_profile(layers: int, width: int, heads: int, context: int, dtype: str = "fp32"):  # type: ignore[no-untyped-def]

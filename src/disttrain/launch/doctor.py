@@ -270,9 +270,9 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
 
 
 def _best_peaks(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
-    """The higher matmul peak per dtype, of the cached and the new figure: a peak is what one thread reaches
-    when nothing else runs, and a doctor over more ranks than cores measures it beside busy ranks (4 ranks on
-    2 cores here: 0.057 TFLOP/s against 0.074 over 2 ranks)."""
+    """The higher rate (matmul peak, element-wise rate) per dtype, of the cached and the new figure: a peak is
+    what one thread reaches when nothing else runs, and a doctor over more ranks than cores measures it beside
+    busy ranks (4 ranks on 2 cores here: 0.057 TFLOP/s against 0.074 over 2 ranks)."""
     return {k: max(v, old.get(k, 0.0)) for k, v in new.items()}
 
 
@@ -286,13 +286,13 @@ def check_link(measured: Path) -> list[Check]:
     links = {k: fit_links(c) for k, c in m["curves"].items()}
     old = load_machine()
     old = old if old is not None and old.device == m["device"] else None
-    name = torch.cuda.get_device_name(0) if m["device"] == "cuda" else _cpu_name()
     profile = MachineProfile(
         host=socket.gethostname(),
         device=m["device"],
-        device_name=name,
+        device_name=torch.cuda.get_device_name(0) if m["device"] == "cuda" else _cpu_name(),
         cores=os.cpu_count() or 1,
         matmul_tflops=_best_peaks(old.matmul_tflops if old else {}, m.get("matmul_tflops", {})),
+        elementwise_rate=_best_peaks(old.elementwise_rate if old else {}, m.get("elementwise_rate", {})),
         # the latest fit per kind, and each one also under kind@ranks (a plan for that many ranks prefers it)
         links={**(old.links if old else {}), **links, **{f"{k}@{f.nranks}": f for k, f in links.items()}},
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -323,7 +323,9 @@ def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
     parts = parts or ["one rank: no link to measure"]
     per = "1 thread" if profile.device == "cpu" else "the GPU"
     flops = ", ".join(f"{k} {v:.3g}" for k, v in profile.matmul_tflops.items())
-    return "; ".join([*parts, f"matmul {flops} TFLOP/s ({per})" if flops else "no matmul figure"])
+    rates = ", ".join(f"{k} {v / 1e9:.2g}" for k, v in profile.elementwise_rate.items())
+    parts.append(f"matmul {flops} TFLOP/s ({per})" if flops else "no matmul figure")
+    return "; ".join([*parts, f"element-wise {rates} G elements/s"] if rates else parts)
 
 
 def _cpu_name() -> str:

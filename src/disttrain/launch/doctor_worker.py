@@ -1,8 +1,9 @@
 """One rank of ``disttrain doctor``'s multi-process test, started through torchrun: all-reduce and all-gather
 bandwidth per backend, the latency/bandwidth curves of all-gather, reduce-scatter and all-reduce over the local
-ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s, across nodes the clocks and
+ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s and element-wise rate, across
+nodes the clocks and
 inter- vs intra-node bandwidth, and an RPC ping. Rank 0 writes the figures to ``<out_dir>/result.json``; local
-rank 0 of every node writes its node's curves and matmul peak to ``<out_dir>/machine.json`` (the launcher fits
+rank 0 of every node writes its node's curves and compute rates to ``<out_dir>/machine.json`` (the launcher fits
 and caches them: disttrain.plan.machine)."""
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def worker(out_dir: str) -> None:
         curves["intra"] = _curves(CURVE_BYTES, main)
     machine: dict[str, Any] = {"device": main.type, "curves": curves}
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        machine["matmul_tflops"] = _matmul_tflops(main)  # the other ranks wait at the barrier below
+        machine.update(_compute_rates(main))  # the other ranks wait at the barrier below
     dist.barrier()
     res["rpc_ms"] = _rpc_ping(rank, world)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -156,11 +157,12 @@ def _timed(op: Any, group: Any, device: torch.device, iters: int) -> list[float]
     return times
 
 
-def _matmul_tflops(device: torch.device) -> dict[str, float]:
-    """Square-matmul TFLOP/s of one thread (CPU) or of the GPU, in fp32 and, where it is fast, bf16: the best of
-    3 short windows (a busy machine's other processes take some of them)."""
+def _compute_rates(device: torch.device) -> dict[str, dict[str, float]]:
+    """One thread's (CPU) or the GPU's rates in fp32 and, where it is fast, bf16, each the best of 3 short
+    windows (a busy machine's other processes take some of them): ``matmul_tflops``, the square-matmul TFLOP/s,
+    and ``elementwise_rate``, the elements per second of a block's element-wise work."""
     from disttrain.dist.env import fast_bf16
-    from disttrain.train.metrics import measure_matmul_tflops
+    from disttrain.utils.peak import measure_elementwise_rate, measure_matmul_tflops
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -168,8 +170,14 @@ def _matmul_tflops(device: torch.device) -> dict[str, float]:
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if fast_bf16(device.type) else {})}
     try:
         return {
-            k: round(max(measure_matmul_tflops(device, dt, seconds=0.07, n=n) for _ in range(3)), 4)
-            for k, dt in dtypes.items()
+            "matmul_tflops": {
+                k: round(max(measure_matmul_tflops(device, dt, seconds=0.07, n=n) for _ in range(3)), 4)
+                for k, dt in dtypes.items()
+            },
+            "elementwise_rate": {
+                k: float(f"{max(measure_elementwise_rate(device, dt, seconds=0.05) for _ in range(3)):.4g}")
+                for k, dt in dtypes.items()
+            },
         }
     finally:
         torch.set_num_threads(threads)

@@ -1,8 +1,8 @@
 """This machine's figures for the step-time plan, measured by ``disttrain doctor`` and cached per host: the
 latency and bandwidth of its links (a fit of all-gather times over sizes, and of reduce-scatter and all-reduce
 times on their own: gloo's reduce-scatter runs at half its all-gather's rate, its all-reduce at twice what a
-ring of all-gathers would), its matmul peak per dtype, and the compute efficiency measured steps reached
-(``disttrain estimate --measure``).
+ring of all-gathers would), its matmul peak and element-wise rate per dtype, and the compute efficiency
+measured steps reached (``disttrain estimate --measure``).
 
 The cache is one JSON file, ``$DISTTRAIN_CACHE_DIR/machine.json`` (else ``$XDG_CACHE_HOME/disttrain`` or
 ``~/.cache/disttrain``), one entry per host name (a home folder shared by the nodes of a cluster keeps each
@@ -77,6 +77,9 @@ class MachineProfile:
     measured_at: str = ""
     efficiency: dict[str, float] = field(default_factory=dict)
     """Per compute dtype: the share of the matmul peak measured training steps reached."""
+    elementwise_rate: dict[str, float] = field(default_factory=dict)
+    """Per compute dtype: elements per second one thread (CPU) or the device writes in a block's element-wise
+    work (norms, activations, softmax, casts)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,6 +106,7 @@ class MachineProfile:
             links,
             str(d.get("measured_at", "")),
             {k: float(v) for k, v in d.get("efficiency", {}).items()},
+            {k: float(v) for k, v in d.get("elementwise_rate", {}).items()},
         )
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from disttrain.config import DTYPES
 from disttrain.dist.activation import checkpointed_indices
@@ -83,6 +83,9 @@ class ModelProfile:
     forward_ops: int = 0
     """Operators one forward dispatches (each costs a few microseconds of framework time on a CPU, whatever
     its size: what dominates the step of a small model)."""
+    forward_elements: int = 0
+    """Floating-point elements one forward's element-wise and reduction operators write (:class:`OpCounter`):
+    memory-bound work whose time the matmul FLOPs do not tell (it weighs more the narrower the model)."""
 
     @property
     def n_params(self) -> int:
@@ -207,16 +210,17 @@ class SavedTensorLog:
 
 def _forward_on_meta(
     model: nn.Module, stand_ins: dict[str, torch.Tensor], batch: tuple[Any, Any], loss_fn: LossFn, attention: str
-) -> tuple[float, int]:
-    """The forward and the loss on meta tensors: the FLOPs of forward + backward (3x the forward's) and the
-    operators the forward dispatched;
+) -> tuple[float, int, int]:
+    """The forward and the loss on meta tensors: the FLOPs of forward + backward (3x the forward's), the
+    operators the forward dispatched and the elements its element-wise operators wrote;
     ConfigError (with the fix) for a model that cannot run so."""
     flash = FlashAttentionSaves() if attention == "flash" else None
     try:
-        with FlopCounterMode(display=False) as counter, OpCounter() as ops, flash or contextlib.nullcontext():
+        ops = OpCounter()
+        with FlopCounterMode(display=False) as counter, ops, FusedAttention(ops), flash or contextlib.nullcontext():
             out = functional_call(model, stand_ins, (batch[0],))
             loss_fn(out, batch[1])
-        return 3.0 * (counter.get_total_flops() + (flash.flops if flash is not None else 0)), ops.count
+        return 3.0 * (counter.get_total_flops() + (flash.flops if flash is not None else 0)), ops.count, ops.elements
     except Exception as e:  # a model whose forward cannot run on meta tensors
         raise ConfigError(
             f"cannot profile the model on the meta device ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
@@ -249,22 +253,54 @@ def profile_model(
     log = SavedTensorLog(blocks, stand_ins)
     batch = (_batch(sample[0], micro_batch), _batch(sample[1], micro_batch))
     with log.watching():
-        flops, ops = _forward_on_meta(model, stand_ins, batch, loss_fn, attention)
+        flops, ops, elements = _forward_on_meta(model, stand_ins, batch, loss_fn, attention)
     by_block, other, largest = log.by_block()
     return ModelProfile(params, len(blocks), tuple(by_block), other, tuple(log.block_in), largest, micro_batch,
-                        compute_dtype, attention, flops, ops)  # fmt: skip
+                        compute_dtype, attention, flops, ops, elements)  # fmt: skip
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the operators dispatched while active (views and metadata ops included: they cost dispatch too)."""
+    """Counts the operators dispatched while active (views and metadata ops included: they cost dispatch too),
+    and the floating-point elements written by those that are neither matmuls (FlopCounterMode's) nor views:
+    the element-wise and reduction work (norms, activations, softmax, casts, adds) whose time scales with the
+    elements, not the FLOPs."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.elements = 0
+        self.fused = 0
+        """Depth of fused calls (attention) being run: the meta device decomposes them, the devices do not."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.count += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if not self.fused and not func.is_view and func.overloadpacket not in flop_registry:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    self.elements += t.numel()
+        return out
+
+
+class FusedAttention(torch.overrides.TorchFunctionMode):
+    """Marks ``F.scaled_dot_product_attention`` as one fused kernel for an :class:`OpCounter`: the meta device
+    runs its math path (scores, mask, softmax, dropout over T x T per head), CPU and CUDA a fused kernel that
+    writes only its output, whose time its FLOPs tell."""
+
+    def __init__(self, ops: OpCounter) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **(kwargs or {}))
+        self.ops.fused += 1
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.ops.fused -= 1
+        self.ops.elements += out.numel()
+        return out
 
 
 class _FlashSaves(torch.autograd.Function):

@@ -109,7 +109,8 @@ def machine_line(est: Estimate) -> str:
     return (
         f"* predicted step ({how}); "
         f"links: {links}; peak {m.tflops:.3g} TFLOP/s per {'device' if m.device == 'cuda' else 'thread'} "
-        f"({m.sources.get('peak', '?')}) x efficiency {m.efficiency:.2f} ({m.sources.get('efficiency', '?')})"
+        f"({m.sources.get('peak', '?')}) x efficiency {m.efficiency:.2f} ({m.sources.get('efficiency', '?')}); "
+        f"element-wise {m.elementwise_rate / 1e9:.3g} G elements/s ({m.sources.get('elementwise', '?')})"
         + ("; run `disttrain doctor` to measure this machine's links" if m.sources.get("intra") == "default" else "")
     )
 

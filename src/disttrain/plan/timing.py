@@ -2,8 +2,9 @@
 :mod:`disttrain.plan.comm` lists, timed on the machine's links (:mod:`disttrain.plan.machine`: what
 ``disttrain doctor`` measured, or ``--bandwidth``), plus FSDP's fixed cost per unit and pass.
 
-- compute = FLOPs per rank and step / (matmul peak x the efficiency a training step reaches); on CPU, ranks
-  that share cores share their FLOP/s;
+- compute = FLOPs per rank and step / (matmul peak x the efficiency a training step reaches), plus the
+  elements the element-wise operators write / the rate ``doctor`` measured, plus a fixed framework time per
+  operator; on CPU, ranks that share cores share their FLOP/s;
 - communication = the sum over collectives of ring time ``(g-1) x (latency + bytes / g / bandwidth)``;
 - with overlap (NCCL on its own streams): only the first all-gather, the last reduce-scatter and what the
   compute of a pass cannot cover stay exposed; without (gloo on CPU: the collectives run on the cores that
@@ -38,6 +39,9 @@ UNIT_OVERHEAD_S = {"cpu": 6e-3, "cuda": 1e-4}
 # kernels, so the step is the longer of the two (measured on an H200: the default GPT at micro-batch 32 takes
 # 10 ms for 1 ms of FLOPs: ~1,000 operators of ~10 us).
 OP_OVERHEAD_S = {"cpu": 12e-6, "cuda": 10e-6}
+# Elements per second of a block's element-wise work when doctor measured none: one thread of this 2-core EPYC
+# (bf16 and fp32 alike), and an HBM GPU's ~4 TB/s over ~8 bytes read and written per element.
+DEFAULT_ELEMENTWISE_RATE = {"cpu": 2e9, "cuda": 5e11}
 # Links assumed when nothing was measured and no --bandwidth was given: gloo over loopback; NVLink; 100 Gbit/s.
 DEFAULT_LINKS = {
     "cpu": {"intra": (100e-6, 1e9), "inter": (200e-6, 0.125e9)},
@@ -61,6 +65,8 @@ class Machine:
     cores: int
     links: dict[str, LinkFit]
     sources: dict[str, str] = field(default_factory=dict)
+    elementwise_rate: float = 0.0
+    """Elements per second of element-wise work, one thread (CPU) or one device (CUDA); 0: not counted."""
 
     @property
     def overlap(self) -> bool:
@@ -83,13 +89,17 @@ class Machine:
         threads, share = self.core_share(nproc)
         return self.tflops * 1e12 * self.efficiency * threads * share
 
-    def compute_s(self, flops: float, ops: int, nproc: int) -> float:
-        """Seconds of one rank's compute: its FLOPs at the rate it reaches, and the framework time of the operators
-        forward and backward dispatch (about twice the forward's in backward): their sum on a CPU, the longer of
-        the two on CUDA (launches run ahead of the kernels)."""
-        _, share = self.core_share(nproc)
-        flops_s, ops_s = flops / self.rank_flops(nproc), 3 * ops * OP_OVERHEAD_S[self.device] / share
-        return max(flops_s, ops_s) if self.device == "cuda" else flops_s + ops_s
+    def compute_s(self, flops: float, ops: int, nproc: int, elements: int = 0) -> float:
+        """Seconds of one rank's compute: its matmul FLOPs at the rate it reaches, plus the element-wise work
+        (the forward's ``elements``, about twice that in backward) at the measured rate; and the framework time
+        of the operators forward and backward dispatch (about twice the forward's in backward): added on a CPU,
+        the longer of the two on CUDA (launches run ahead of the kernels)."""
+        threads, share = self.core_share(nproc)
+        kernels_s = flops / self.rank_flops(nproc)
+        if self.elementwise_rate > 0:
+            kernels_s += 3 * elements / (self.elementwise_rate * threads * share)
+        ops_s = 3 * ops * OP_OVERHEAD_S[self.device] / share
+        return max(kernels_s, ops_s) if self.device == "cuda" else kernels_s + ops_s
 
 
 def resolve_machine(
@@ -128,7 +138,10 @@ def resolve_machine(
     eff = prof.efficiency.get(dtype) if prof else None
     sources["efficiency"] = "estimate --measure" if eff else "default"
     cores = prof.cores if prof else (os.cpu_count() or 1)
-    return Machine(device, float(tflops), eff or DEFAULT_EFFICIENCY[device], cores, links, sources)
+    rate = prof.elementwise_rate.get(dtype) if prof else None
+    sources["elementwise"] = "doctor" if rate else "default"
+    rate = rate or DEFAULT_ELEMENTWISE_RATE[device]
+    return Machine(device, float(tflops), eff or DEFAULT_EFFICIENCY[device], cores, links, sources, rate)
 
 
 def _gpu_table_peak(dtype: str) -> tuple[float | None, str]:
@@ -186,7 +199,7 @@ class StepTime:
     calls: int
     overlap: bool
     framework_s: float = 0.0
-    """The part of ``compute_s`` that is per-operator framework time rather than FLOPs."""
+    """The part of ``compute_s`` that is not matmul FLOPs: per-operator framework time and element-wise work."""
 
     @property
     def no_overlap_s(self) -> float:
@@ -222,7 +235,9 @@ def step_time(
     sharded = strategy != "ddp" and world > 1
     shard = nproc if strategy == "hsdp" else world
     accum = accum_steps(cfg, world)  # every strategy here is data parallel over all ranks
-    compute = machine.compute_s(prof.train_flops * accum, prof.forward_ops * accum, nproc)
+    compute = machine.compute_s(
+        prof.train_flops * accum, prof.forward_ops * accum, nproc, prof.forward_elements * accum
+    )
     framework = compute - machine.compute_s(prof.train_flops * accum, 0, nproc)
     colls = collectives(strategy, prof, cfg, nproc, nnodes, blocks_per_unit)
     comm = sum(_time(c, machine) for c in colls)

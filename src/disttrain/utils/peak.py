@@ -1,5 +1,5 @@
-"""Peak matmul FLOP/s of one device: a table of known GPUs (dense bf16), or a square matmul measured here; and
-whether this CPU computes bf16 matmuls natively.
+"""Peak matmul FLOP/s of one device: a table of known GPUs (dense bf16), or a square matmul measured here;
+the rate of a transformer's element-wise work measured here; and whether this CPU computes bf16 matmuls natively.
 
 Below the trainer (MFU) and the planner (predicted compute time), which both ask it.
 """
@@ -81,3 +81,25 @@ def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None
             return (known if dtype != torch.float32 else known / 2), f"table:{name}"
         return measure_matmul_tflops(device, dtype, n=8192), f"measured:{name}"
     return measure_matmul_tflops(device, dtype), "measured:cpu-matmul"
+
+
+def measure_elementwise_rate(device: torch.device, dtype: torch.dtype, seconds: float = 0.1) -> float:
+    """Elements per second that a transformer block's element-wise and reduction operators write on ``device``
+    (this process's threads): a layer norm, GELU, a residual add, a scale, a softmax and a cast to fp32, each
+    over a 4096 x 256 activation, timed together for at least ``seconds``."""
+    x = torch.randn(4096, 256, device=device).to(dtype)
+    w, b = torch.ones(256, device=device, dtype=dtype), torch.zeros(256, device=device, dtype=dtype)
+
+    def block() -> None:
+        h = torch.nn.functional.layer_norm(x, (256,), w, b)
+        h = torch.nn.functional.gelu(h) + x
+        torch.softmax(h * 0.5, dim=-1).float()
+
+    block()
+    iters, t0 = 0, time.perf_counter()
+    while iters == 0 or time.perf_counter() - t0 < seconds:
+        block()
+        iters += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return 6 * x.numel() * iters / (time.perf_counter() - t0)
