@@ -164,6 +164,24 @@ def test_auto_picks_the_fastest_strategy_that_fits_and_says_both_numbers() -> No
     assert "FSDP no-reshard is predicted fastest" in reason
 
 
+def test_a_tie_within_one_percent_goes_to_the_simpler_strategy() -> None:
+    from disttrain.plan.estimate import recommend
+
+    cfg = from_dict({"train": {"micro_batch": 8, "global_batch": 32}, "precision": {"dtype": "fp32"}})
+    est = estimate(gpt_profile(4, 256, 4, 64), cfg, Layout(2, 1, 64 * GiB), machine())
+    ddp = est.times["ddp"].predicted_s
+
+    def fsdp_at(ratio: float) -> tuple[str, str]:
+        t = est.times["fsdp"]
+        faster = dataclasses.replace(t, compute_s=t.compute_s + ddp * ratio - t.predicted_s)
+        return recommend(dataclasses.replace(est, times={**est.times, "fsdp": faster}))
+
+    choice, reason = fsdp_at(0.995)  # FSDP predicted 0.5% faster: a tie
+    assert choice == "ddp" and "DDP is predicted within 1% of the fastest" in reason and "a tie goes" in reason
+    choice, reason = fsdp_at(0.98)
+    assert choice == "fsdp" and "FSDP is predicted fastest" in reason and "against DDP" in reason, reason
+
+
 def test_forced_settings_are_kept() -> None:
     cfg = from_dict({"parallel": {"device": "cpu", "strategy": "fsdp", "blocks_per_unit": 2, "forward_prefetch": 0},
                      "train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "fp32"}})  # fmt: skip

@@ -36,7 +36,15 @@ from disttrain.config import DTYPES, JobConfig, parse_bytes
 from disttrain.plan.comm import outer_split, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
 from disttrain.plan.render import LABELS
-from disttrain.plan.timing import Machine, StepTime, best_grouping, grouping_candidates, resolve_machine, step_time
+from disttrain.plan.timing import (
+    NEAR_BEST,
+    Machine,
+    StepTime,
+    best_grouping,
+    grouping_candidates,
+    resolve_machine,
+    step_time,
+)
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
@@ -228,7 +236,7 @@ AUTO_COLUMNS = ("ddp", "fsdp", "fsdp_no_reshard", "hsdp")
 
 def recommend(est: Estimate) -> tuple[str, str]:
     """The plan column ``auto`` runs, and why, in one sentence: among the strategies that fit, the one predicted
-    fastest (HSDP only across nodes: on one node it is FSDP)."""
+    fastest, or the simplest of those within 1% of it (HSDP only across nodes: on one node it is FSDP)."""
     lay, p, t = est.layout, est.plans, est.times
     usable = f"{fmt_bytes(lay.budget)} usable per device ({fmt_bytes(lay.device_memory)} less {lay.headroom:.0%})"
     ddp = f"DDP needs {fmt_bytes(p['ddp'].total)} per rank"
@@ -239,10 +247,16 @@ def recommend(est: Estimate) -> tuple[str, str]:
     if not cols:
         return "fsdp", f"nothing fits: {ddp} and FSDP {fmt_bytes(p['fsdp'].total)}, but only {usable}"
     ranked = sorted(cols, key=lambda c: t[c].predicted_s)
-    best = ranked[0]
-    why = f"{LABELS[best]} is predicted fastest {_when(t[best])}"
-    if len(ranked) > 1:
-        why += f", against {LABELS[ranked[1]]} {_when(t[ranked[1]])}"
+    # within NEAR_BEST of the fastest is a tie (as for groupings): it goes to the simplest, in AUTO_COLUMNS' order
+    best = next(c for c in cols if t[c].predicted_s <= t[ranked[0]].predicted_s * (1 + NEAR_BEST))
+    others = [c for c in ranked if c != best]
+    tie = best != ranked[0]
+    why = (
+        f"{LABELS[best]} is predicted {f'within {NEAR_BEST:.0%} of the fastest' if tie else 'fastest'} {_when(t[best])}"
+    )
+    if others:
+        why += f", against {LABELS[others[0]]} {_when(t[others[0]])}"
+        why += "; that close is a tie, and a tie goes to the simpler strategy" if tie else ""
     memory = f"{ddp} of {usable}: it fits" if est.fits["ddp"] else f"{ddp}, more than the {usable}"
     if best == "hsdp":
         why += "; HSDP keeps all-gathers inside a node and only all-reduces gradient shards across nodes"

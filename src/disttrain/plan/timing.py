@@ -31,9 +31,11 @@ from disttrain.plan.profile import ModelProfile
 # Fraction of the matmul peak a training step's counted FLOPs reach when nothing better is known (measured:
 # the default GPT, one process, fp32 on a 2-core AVX2 EPYC; torchtitan-class GPU jobs reach ~0.4 of bf16 peak).
 DEFAULT_EFFICIENCY = {"cpu": 0.5, "cuda": 0.4}
-# FSDP2's fixed cost per unit and pass (pre/post hooks, copy-in/copy-out, DTensor views), measured on CPU by
-# benchmarks/bench_plan_time.py (24 blocks vs 1 unit); on CUDA it is hidden behind the kernel queue.
-UNIT_OVERHEAD_S = {"cpu": 6e-3, "cuda": 1e-4}
+# FSDP2's fixed cost per unit and pass (pre/post hooks, copy-in/copy-out, DTensor views) on a core of its own
+# (ranks that share cores take longer: Machine.unit_overhead_s), measured on CPU by benchmarks/bench_plan_time.py
+# (24 blocks of width 128, one unit per block vs one unit: 3 ms at 2 ranks on 2 cores, 6 ms at 4); on CUDA it
+# is hidden behind the kernel queue.
+UNIT_OVERHEAD_S = {"cpu": 3e-3, "cuda": 1e-4}
 # Framework time per dispatched operator (Python, dispatcher, autograd bookkeeping, the kernel launch): what a
 # small model's step is made of. On a CPU it adds to the FLOPs' time; on CUDA the launches run ahead of the
 # kernels, so the step is the longer of the two (measured on an H200: the default GPT at micro-batch 32 takes
@@ -88,6 +90,10 @@ class Machine:
         """FLOP/s one rank reaches."""
         threads, share = self.core_share(nproc)
         return self.tflops * 1e12 * self.efficiency * threads * share
+
+    def unit_overhead_s(self, nproc: int) -> float:
+        """FSDP's fixed cost of one unit's pass on one rank (on CPU, ranks that share cores share that time)."""
+        return UNIT_OVERHEAD_S[self.device] / self.core_share(nproc)[1]
 
     def compute_s(self, flops: float, ops: int, nproc: int, elements: int = 0) -> float:
         """Seconds of one rank's compute: its matmul FLOPs at the rate it reaches, plus the element-wise work
@@ -245,7 +251,7 @@ def step_time(
     if sharded:
         _, units = unit_numels(prof, shard, blocks_per_unit, cfg.parallel.root_units)
         passes = sum(c.count for c in colls if c.kind == "all_gather")
-        overhead = passes * UNIT_OVERHEAD_S[machine.device]
+        overhead = passes * machine.unit_overhead_s(nproc)
         exposed, prefetch = _fsdp_exposed(colls, compute, accum, len(units) + 1, machine)
     elif world > 1:
         exposed = _ddp_exposed(colls, compute / accum, machine)
