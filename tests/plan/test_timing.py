@@ -207,3 +207,28 @@ def test_estimate_cli_explains_and_takes_a_bandwidth(tmp_path) -> None:
     assert run.returncode == 0, run.stderr
     assert "block(s) per FSDP unit" in run.stdout and "blocks_per_unit = " in run.stdout
     assert 'blocks_per_unit = "auto"' not in run.stdout and "forward_prefetch = 1" in run.stdout
+
+
+def test_estimate_measure_keeps_the_median_efficiency_of_its_recent_runs() -> None:
+    from disttrain.plan.command import learn_efficiency
+    from disttrain.plan.machine import load_machine
+
+    cfg = from_dict({"train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "fp32"}})
+    est = estimate(gpt_profile(4, 256, 4, 64), cfg, Layout(2, 1, 64 * GiB), machine())
+    t = est.times["ddp"]
+    flops_s = t.compute_s - t.framework_s  # at the machine's efficiency, 0.5
+    assert flops_s > 2 * t.framework_s  # FLOPs dominate: the step says something about the efficiency
+
+    def run(reached: float) -> str:  # measured steps whose FLOPs ran at `reached` of the peak
+        return learn_efficiency(est, {"ddp": {"step_s": flops_s * 0.5 / reached + t.framework_s + 0.01,
+                                              "comm_s": 0.01}})  # fmt: skip
+
+    assert "reached 0.80" in run(0.8) and load_machine().efficiency["fp32"] == pytest.approx(0.8)  # type: ignore[union-attr]
+    run(0.6)
+    line = run(0.7)
+    assert "these steps reached 0.70" in line and "the next plans use 0.70" in line, line
+    for _ in range(3):
+        run(0.9)
+    cached = load_machine()
+    assert cached is not None and cached.efficiency_runs["fp32"] == pytest.approx([0.6, 0.7, 0.9, 0.9, 0.9])
+    assert cached.efficiency["fp32"] == pytest.approx(0.9)

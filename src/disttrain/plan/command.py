@@ -29,7 +29,7 @@ from disttrain.plan.estimate import (
 )
 from disttrain.plan.explain import explain_plan
 from disttrain.plan.render import COLUMNS, compare, render
-from disttrain.plan.timing import remember_efficiency, resolve_machine
+from disttrain.plan.timing import EFFICIENCY_RUNS, remember_efficiency, resolve_machine
 from disttrain.train.loss import cross_entropy
 
 
@@ -95,17 +95,19 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
         cols = [c for c in COLUMNS if c != "hsdp" and (est.fits[c] or cfg.parallel.force)]
         tuned = {c: tuned_parallel(cfg, est, c) for c in cols}
         measured = run_measure(with_parallel(cfg, device=device), nproc, cols, tuned=tuned)
-    learn_efficiency(est, measured)
-    return compare(est, measured)
+    learned = learn_efficiency(est, measured)
+    table, data = compare(est, measured)
+    return (f"{table}\n{learned}" if learned else table), data
 
 
-def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> None:
+def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> str:
     """Keep the compute efficiency the measured steps reached (their FLOPs / (step - communication - framework
     time) / peak, the median over strategies) in this machine's cache, for the next plans' compute time; only
-    from steps that FLOPs dominate (a tiny model's step is framework time, and says nothing about the FLOPs)."""
+    from steps that FLOPs dominate (a tiny model's step is framework time, and says nothing about the FLOPs).
+    Returns the line that says so ("" where nothing was learned)."""
     m = est.machine
     if m is None:
-        return
+        return ""
     effs = []
     for col, res in measured.items():
         t = est.times.get(col)
@@ -115,5 +117,9 @@ def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> None:
         predicted = t.compute_s - t.framework_s
         if flops_s > 0 and predicted > 2 * t.framework_s:
             effs.append(m.efficiency * predicted / flops_s)  # predicted FLOP time scales as 1 / efficiency
-    if effs:
-        remember_efficiency(m, est.profile.compute_dtype, sorted(effs)[len(effs) // 2])
+    if not effs:
+        return ""
+    now = sorted(effs)[len(effs) // 2]
+    used = remember_efficiency(m, est.profile.compute_dtype, now)
+    return (f"compute efficiency: these steps reached {now:.2f} of the {est.profile.compute_dtype} matmul peak; "
+            f"the next plans use {used:.2f}, the median of up to the last {EFFICIENCY_RUNS} runs here")  # fmt: skip

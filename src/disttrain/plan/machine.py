@@ -77,6 +77,9 @@ class MachineProfile:
     measured_at: str = ""
     efficiency: dict[str, float] = field(default_factory=dict)
     """Per compute dtype: the share of the matmul peak measured training steps reached."""
+    efficiency_runs: dict[str, list[float]] = field(default_factory=dict)
+    """Per compute dtype: the efficiencies the last few ``estimate --measure`` runs learned (``efficiency`` is
+    their median: one run's three steps on a busy machine can be 10% off)."""
     elementwise_rate: dict[str, float] = field(default_factory=dict)
     """Per compute dtype: elements per second one thread (CPU) or the device writes in a block's element-wise
     work (norms, activations, softmax, casts)."""
@@ -106,6 +109,7 @@ class MachineProfile:
             links,
             str(d.get("measured_at", "")),
             {k: float(v) for k, v in d.get("efficiency", {}).items()},
+            {k: [float(x) for x in v] for k, v in d.get("efficiency_runs", {}).items()},
             {k: float(v) for k, v in d.get("elementwise_rate", {}).items()},
         )
 

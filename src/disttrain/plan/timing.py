@@ -165,13 +165,23 @@ def _gpu_table_peak(dtype: str) -> tuple[float | None, str]:
     return (known / 2 if dtype == "fp32" else known), f"table: {name}"
 
 
-def remember_efficiency(machine: Machine, dtype: str, efficiency: float) -> None:
-    """Cache the compute efficiency measured steps reached on this machine (``estimate --measure``)."""
+EFFICIENCY_RUNS = 5
+"""How many of the latest learned efficiencies per dtype the cache keeps; the plan uses their median."""
+
+
+def remember_efficiency(machine: Machine, dtype: str, efficiency: float) -> float:
+    """Cache the compute efficiency measured steps reached on this machine (``estimate --measure``); return the
+    one later plans use: the median of this and the previous runs' (the last :data:`EFFICIENCY_RUNS`)."""
     import dataclasses
     import socket
+    import statistics
 
     prof = load_machine() or MachineProfile(socket.gethostname(), machine.device, "", machine.cores, {}, {})
-    save_machine(dataclasses.replace(prof, efficiency={**prof.efficiency, dtype: round(efficiency, 4)}))
+    runs = [*prof.efficiency_runs.get(dtype, []), round(efficiency, 4)][-EFFICIENCY_RUNS:]
+    used = round(statistics.median(runs), 4)
+    save_machine(dataclasses.replace(prof, efficiency={**prof.efficiency, dtype: used},
+                                     efficiency_runs={**prof.efficiency_runs, dtype: runs}))  # fmt: skip
+    return used
 
 
 def _measure_cpu_peak(dtype: str) -> float:
