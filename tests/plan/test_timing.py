@@ -20,7 +20,14 @@ from disttrain.plan.choose import decide
 from disttrain.plan.comm import collectives, unit_numels
 from disttrain.plan.estimate import GiB, Layout, estimate, profile_model
 from disttrain.plan.machine import LinkFit
-from disttrain.plan.timing import OP_OVERHEAD_S, Machine, best_grouping, grouping_candidates, step_time
+from disttrain.plan.timing import (
+    OP_OVERHEAD_S,
+    OPTIMIZER_ELEMENTS_PER_PARAM,
+    Machine,
+    best_grouping,
+    grouping_candidates,
+    step_time,
+)
 from disttrain.train.loss import cross_entropy
 
 from conftest import disttrain
@@ -95,6 +102,11 @@ def test_ring_times_add_up_to_the_step() -> None:
     assert prof.forward_elements > 0
     assert counted.compute_s == pytest.approx(t.compute_s + 3 * prof.forward_elements / 1e6)
     assert counted.framework_s == pytest.approx(counted.compute_s - prof.train_flops / (0.1e12 * 0.5))
+    # and the optimizer's element-wise work over the parameters a rank holds: all 376 with DDP, half with FSDP
+    assert counted.optimizer_s == pytest.approx(OPTIMIZER_ELEMENTS_PER_PARAM * 376 / 1e6)
+    assert counted.predicted_s == pytest.approx(counted.compute_s + counted.comm_s + counted.optimizer_s)
+    fsdp = step_time("fsdp", prof, cfg, dataclasses.replace(m, elementwise_rate=1e6), 2, 1, 1)
+    assert fsdp.optimizer_s == pytest.approx(OPTIMIZER_ELEMENTS_PER_PARAM * 376 / 2 / 1e6)
 
 
 class Block(torch.nn.Module):

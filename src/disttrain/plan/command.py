@@ -102,8 +102,9 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
 
 def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> str:
     """Keep the compute efficiency the measured steps reached (their FLOPs / (step - communication - framework
-    time) / peak, the median over strategies) in this machine's cache, for the next plans' compute time; only
-    from steps that FLOPs dominate (a tiny model's step is framework time, and says nothing about the FLOPs).
+    and element-wise time - optimizer) / peak, the median over strategies) in this machine's cache, for the next
+    plans' compute time; only from steps that FLOPs dominate (a tiny model's step is framework time, and says
+    nothing about the FLOPs).
     Returns the line that says so ("" where nothing was learned)."""
     m = est.machine
     if m is None:
@@ -113,7 +114,7 @@ def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> str:
         t = est.times.get(col)
         if t is None or "step_s" not in res or not res["step_s"] > res.get("comm_s", 0):
             continue
-        flops_s = res["step_s"] - res["comm_s"] - t.overhead_s - t.framework_s
+        flops_s = res["step_s"] - res["comm_s"] - t.overhead_s - t.framework_s - t.optimizer_s
         predicted = t.compute_s - t.framework_s
         if flops_s > 0 and predicted > 2 * t.framework_s:
             effs.append(m.efficiency * predicted / flops_s)  # predicted FLOP time scales as 1 / efficiency

@@ -81,6 +81,7 @@ def _time_rows(est: Estimate, cols: list[str]) -> list[list[str]]:
         ["blocks per FSDP unit", *(str(t[c].blocks_per_unit) if t[c].blocks_per_unit else "-" for c in cols)],
         ["sent per rank / step", *(sent(c) for c in cols)],
         ["compute / step", *(seconds(t[c].compute_s) for c in cols)],
+        ["optimizer / step", *(seconds(t[c].optimizer_s) for c in cols)],
         ["communication / step", *(seconds(t[c].comm_s + t[c].overhead_s) for c in cols)],
         ["step, no overlap" + (" *" if not overlap else ""), *(seconds(t[c].no_overlap_s) for c in cols)],
         ["step, with overlap" + (" *" if overlap else ""), *(seconds(t[c].overlap_s) for c in cols)],

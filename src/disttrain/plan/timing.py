@@ -5,6 +5,7 @@
 - compute = FLOPs per rank and step / (matmul peak x the efficiency a training step reaches), plus the
   elements the element-wise operators write / the rate ``doctor`` measured, plus a fixed framework time per
   operator; on CPU, ranks that share cores share their FLOP/s;
+- the optimizer step = the parameters a rank holds x its element-wise work per parameter, at the same rate;
 - communication = the sum over collectives of ring time ``(g-1) x (latency + bytes / g / bandwidth)``;
 - with overlap (NCCL on its own streams): only the first all-gather, the last reduce-scatter and what the
   compute of a pass cannot cover stay exposed; without (gloo on CPU: the collectives run on the cores that
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from disttrain.config import JobConfig
 from disttrain.plan.comm import Collective, accum_steps, collectives, unit_numels
 from disttrain.plan.machine import LinkFit, MachineProfile, load_machine, parse_bandwidth, save_machine
-from disttrain.plan.profile import ModelProfile
+from disttrain.plan.profile import ModelProfile, sharded_bytes
 
 # Fraction of the matmul peak a training step's counted FLOPs reach when nothing better is known (measured:
 # the default GPT, one process, fp32 on a 2-core AVX2 EPYC; torchtitan-class GPU jobs reach ~0.4 of bf16 peak).
@@ -44,6 +45,9 @@ OP_OVERHEAD_S = {"cpu": 12e-6, "cuda": 10e-6}
 # Elements per second of a block's element-wise work when doctor measured none: one thread of this 2-core EPYC
 # (bf16 and fp32 alike), and an HBM GPU's ~4 TB/s over ~8 bytes read and written per element.
 DEFAULT_ELEMENTWISE_RATE = {"cpu": 2e9, "cuda": 5e11}
+# The optimizer step's element-wise work per parameter a rank holds, in elements of the measured element-wise
+# rate: torch's AdamW (foreach) 5.6-6.6 here, the global grad-norm clip 0.8-1.0, zeroing the gradients.
+OPTIMIZER_ELEMENTS_PER_PARAM = 8
 # Links assumed when nothing was measured and no --bandwidth was given: gloo over loopback; NVLink; 100 Gbit/s.
 DEFAULT_LINKS = {
     "cpu": {"intra": (100e-6, 1e9), "inter": (200e-6, 0.125e9)},
@@ -95,15 +99,18 @@ class Machine:
         """FSDP's fixed cost of one unit's pass on one rank (on CPU, ranks that share cores share that time)."""
         return UNIT_OVERHEAD_S[self.device] / self.core_share(nproc)[1]
 
+    def elementwise_s(self, elements: float, nproc: int) -> float:
+        """Seconds one rank takes to write ``elements`` in element-wise work (0 where no rate is known)."""
+        threads, share = self.core_share(nproc)
+        return elements / (self.elementwise_rate * threads * share) if self.elementwise_rate > 0 else 0.0
+
     def compute_s(self, flops: float, ops: int, nproc: int, elements: int = 0) -> float:
         """Seconds of one rank's compute: its matmul FLOPs at the rate it reaches, plus the element-wise work
         (the forward's ``elements``, about twice that in backward) at the measured rate; and the framework time
         of the operators forward and backward dispatch (about twice the forward's in backward): added on a CPU,
         the longer of the two on CUDA (launches run ahead of the kernels)."""
-        threads, share = self.core_share(nproc)
-        kernels_s = flops / self.rank_flops(nproc)
-        if self.elementwise_rate > 0:
-            kernels_s += 3 * elements / (self.elementwise_rate * threads * share)
+        _, share = self.core_share(nproc)
+        kernels_s = flops / self.rank_flops(nproc) + self.elementwise_s(3 * elements, nproc)
         ops_s = 3 * ops * OP_OVERHEAD_S[self.device] / share
         return max(kernels_s, ops_s) if self.device == "cuda" else kernels_s + ops_s
 
@@ -216,14 +223,16 @@ class StepTime:
     overlap: bool
     framework_s: float = 0.0
     """The part of ``compute_s`` that is not matmul FLOPs: per-operator framework time and element-wise work."""
+    optimizer_s: float = 0.0
+    """The optimizer step and gradient clipping over the parameters this rank holds, after the last collective."""
 
     @property
     def no_overlap_s(self) -> float:
-        return self.compute_s + self.comm_s + self.overhead_s
+        return self.compute_s + self.comm_s + self.overhead_s + self.optimizer_s
 
     @property
     def overlap_s(self) -> float:
-        return self.compute_s + self.overhead_s + self.exposed_s
+        return self.compute_s + self.overhead_s + self.exposed_s + self.optimizer_s
 
     @property
     def predicted_s(self) -> float:
@@ -231,7 +240,7 @@ class StepTime:
 
     def to_json(self) -> dict[str, float | int | str | bool]:
         keys = ("strategy", "blocks_per_unit", "prefetch", "compute_s", "comm_s", "overhead_s", "exposed_s",
-                "sent_intra", "sent_inter", "calls", "overlap")  # fmt: skip
+                "optimizer_s", "sent_intra", "sent_inter", "calls", "overlap")  # fmt: skip
         return {k: getattr(self, k) for k in keys} | {
             "no_overlap_s": self.no_overlap_s,
             "overlap_s": self.overlap_s,
@@ -268,8 +277,11 @@ def step_time(
     sent = {"intra": 0.0, "inter": 0.0}
     for c in colls:
         sent[c.link] += c.sent
+    held = sharded_bytes(prof.params, shard if sharded else 1, 1, trainable_only=True)  # elements: 1 byte each
+    optimizer = machine.elementwise_s(OPTIMIZER_ELEMENTS_PER_PARAM * held, nproc)
     return StepTime(strategy, blocks_per_unit if sharded else 0, prefetch, compute, comm, overhead, exposed,
-                    sent["intra"], sent["inter"], sum(c.count for c in colls), machine.overlap, framework)  # fmt: skip
+                    sent["intra"], sent["inter"], sum(c.count for c in colls), machine.overlap, framework,
+                    optimizer)  # fmt: skip
 
 
 def _fsdp_exposed(
