@@ -46,13 +46,17 @@ OP_OVERHEAD_S = {"cpu": 12e-6, "cuda": 10e-6}
 # (bf16 and fp32 alike), and an HBM GPU's ~4 TB/s over ~8 bytes read and written per element.
 DEFAULT_ELEMENTWISE_RATE = {"cpu": 2e9, "cuda": 5e11}
 # The optimizer step's element-wise work per parameter a rank holds, in elements of the measured element-wise
-# rate: torch's AdamW (foreach) 5.6-6.6 here, the global grad-norm clip 0.8-1.0, zeroing the gradients.
+# rate: torch's AdamW 5.6-6.6 here (for-loop; fused and foreach, which the Trainer uses, do less), the global
+# grad-norm clip 0.8-1.0, zeroing the gradients.
 OPTIMIZER_ELEMENTS_PER_PARAM = 8
 # Links assumed when nothing was measured and no --bandwidth was given: gloo over loopback; NVLink; 100 Gbit/s.
 DEFAULT_LINKS = {
     "cpu": {"intra": (100e-6, 1e9), "inter": (200e-6, 0.125e9)},
     "cuda": {"intra": (10e-6, 100e9), "inter": (20e-6, 12.5e9)},
 }
+# gloo's collectives are not rings of one rate: as rings, its reduce-scatter runs at 0.3-0.6x its all-gather's
+# bandwidth and its all-reduce at 1.2-1.6x (doctor -n 2 and -n 4 here); NCCL's are rings.
+DEFAULT_KIND_RATES = {"cpu": {"reduce_scatter": 0.5, "all_reduce": 1.5}, "cuda": {}}
 DEFAULT_TFLOPS = {
     "cpu": {"fp32": 0.08, "bf16": 0.5, "fp16": 0.08},
     "cuda": {"fp32": 400.0, "bf16": 800.0, "fp16": 800.0},
@@ -135,7 +139,8 @@ def resolve_machine(
     links: dict[str, LinkFit] = {}
     for name, (lat, bw) in DEFAULT_LINKS[device].items():
         measured = (prof.links.get(f"{name}@{nproc}") or prof.links.get(name)) if prof else None
-        links[name] = measured or LinkFit(lat, bw, 2, source="default")
+        kinds = {k: (lat, bw * r) for k, r in DEFAULT_KIND_RATES[device].items()}
+        links[name] = measured or LinkFit(lat, bw, 2, source="default", by_kind=kinds)
         sources[name] = "doctor" if measured else "default"
     for name, text, flag in (("intra", bandwidth, "--bandwidth"), ("inter", inter_bandwidth, "--inter-node-bandwidth")):
         if text:

@@ -86,16 +86,20 @@ def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None
 def measure_elementwise_rate(device: torch.device, dtype: torch.dtype, seconds: float = 0.1) -> float:
     """Elements per second that a transformer block's element-wise and reduction operators write on ``device``
     (this process's threads): a layer norm, GELU, a residual add, a scale, a softmax and a cast to fp32, each
-    over a 4096 x 256 activation, timed together for at least ``seconds``."""
-    x = torch.randn(4096, 256, device=device).to(dtype)
-    w, b = torch.ones(256, device=device, dtype=dtype), torch.zeros(256, device=device, dtype=dtype)
+    over a 4096 x 256 activation (a GPU's: 65536 x 1024, big enough that its memory, not the launches, sets the
+    time), timed together for at least ``seconds``."""
+    rows, width = (65536, 1024) if device.type == "cuda" else (4096, 256)
+    x = torch.randn(rows, width, device=device).to(dtype)
+    w, b = torch.ones(width, device=device, dtype=dtype), torch.zeros(width, device=device, dtype=dtype)
 
     def block() -> None:
-        h = torch.nn.functional.layer_norm(x, (256,), w, b)
+        h = torch.nn.functional.layer_norm(x, (width,), w, b)
         h = torch.nn.functional.gelu(h) + x
         torch.softmax(h * 0.5, dim=-1).float()
 
     block()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     iters, t0 = 0, time.perf_counter()
     while iters == 0 or time.perf_counter() - t0 < seconds:
         block()
