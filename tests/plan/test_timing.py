@@ -127,6 +127,10 @@ def test_the_profile_counts_the_elements_element_wise_operators_write() -> None:
     sample = (torch.zeros(16), torch.zeros(()))
     prof = profile_model(torch.nn.Sequential(Block()), sample, micro_batch=8, loss_fn=lambda out, _: out.sum())
     assert prof.forward_elements == 8 * 16 + 2 * 8 + 4 * 8 * 32 + 1
+    # planned for CUDA's fused kernels: the same, and the log-sum-exp per query row (8 x 2 heads x 4 queries)
+    flash = profile_model(torch.nn.Sequential(Block()), sample, micro_batch=8, loss_fn=lambda out, _: out.sum(),
+                          attention="flash")  # fmt: skip
+    assert flash.forward_elements == prof.forward_elements + 8 * 2 * 4
 
 
 def gpt_profile(layers: int, width: int, heads: int, context: int, dtype: str = "fp32"):  # type: ignore[no-untyped-def]
