@@ -1,10 +1,9 @@
 """One rank of ``disttrain doctor``'s multi-process test, started through torchrun: all-reduce and all-gather
 bandwidth per backend, the latency/bandwidth curves of all-gather, reduce-scatter and all-reduce over the local
 ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s and element-wise rate, across
-nodes the clocks and
-inter- vs intra-node bandwidth, and an RPC ping. Rank 0 writes the figures to ``<out_dir>/result.json``; local
-rank 0 of every node writes its node's curves and compute rates to ``<out_dir>/machine.json`` (the launcher fits
-and caches them: disttrain.plan.machine)."""
+nodes the clocks and inter- vs intra-node bandwidth, and an RPC ping. Rank 0 writes the figures to
+``<out_dir>/result.json``; local rank 0 of every node writes its node's curves and compute rates to
+``<out_dir>/machine.json`` (the launcher fits and caches them: disttrain.plan.machine)."""
 
 from __future__ import annotations
 
@@ -168,16 +167,14 @@ def _compute_rates(device: torch.device) -> dict[str, dict[str, float]]:
     torch.set_num_threads(1)
     n = 8192 if device.type == "cuda" else 1024  # a GPU needs big matmuls to reach its peak
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if fast_bf16(device.type) else {})}
+    probes = {
+        "matmul_tflops": lambda dt: measure_matmul_tflops(device, dt, seconds=0.07, n=n),
+        "elementwise_rate": lambda dt: measure_elementwise_rate(device, dt, seconds=0.05),
+    }
     try:
         return {
-            "matmul_tflops": {
-                k: round(max(measure_matmul_tflops(device, dt, seconds=0.07, n=n) for _ in range(3)), 4)
-                for k, dt in dtypes.items()
-            },
-            "elementwise_rate": {
-                k: float(f"{max(measure_elementwise_rate(device, dt, seconds=0.05) for _ in range(3)):.4g}")
-                for k, dt in dtypes.items()
-            },
+            name: {k: float(f"{max(probe(dt) for _ in range(3)):.4g}") for k, dt in dtypes.items()}
+            for name, probe in probes.items()
         }
     finally:
         torch.set_num_threads(threads)

@@ -8,6 +8,7 @@ few lines of generated text for text models.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -170,11 +171,9 @@ def peer_lost(cfg: JobConfig, env: DistEnv, run_dir: Path, addr: str, what: str)
     msg = f"lost contact with {addr} ({what}): a node of this job went away or its link is down; {then}"
     record_exit(run_dir, env.rank, msg)
     log_event(run_dir, "peer_lost", rank=env.rank, peer=addr, cause=what)
-    try:
+    with contextlib.suppress(FileExistsError):  # else another rank of this node said it already
         node_marker(run_dir).touch(exist_ok=False)
-    except FileExistsError:  # another rank of this node said it already
-        return stop_now(env, PEER_LOST_EXIT)
-    say_on_console(f"disttrain: rank {env.rank}: {msg}")
+        say_on_console(f"disttrain: rank {env.rank}: {msg}")
     return stop_now(env, PEER_LOST_EXIT)
 
 

@@ -7,6 +7,7 @@ Below the trainer (MFU) and the planner (predicted compute time), which both ask
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -56,18 +57,27 @@ def _rate(device: torch.device, dtype: torch.dtype, n: int, seconds: float) -> f
     """TFLOP/s of n x n matmuls, after a warm-up, for at least ``seconds`` (at least 4 matmuls)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(2):
-        a @ b
+
+    def four() -> None:
+        for _ in range(4):
+            a @ b
+
+    return 4 * 2 * n**3 * _calls_per_second(four, device, seconds) / 1e12
+
+
+def _calls_per_second(fn: Callable[[], None], device: torch.device, seconds: float) -> float:
+    """How often ``fn`` runs per second on ``device``: one warm-up call, then calls for at least ``seconds``
+    (at least one), the GPU synchronized around each."""
+    fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
     iters, t0 = 0, time.perf_counter()
     while iters == 0 or time.perf_counter() - t0 < seconds:
-        for _ in range(4):
-            a @ b
-        iters += 4
+        fn()
+        iters += 1
         if device.type == "cuda":
             torch.cuda.synchronize()
-    return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
+    return iters / (time.perf_counter() - t0)
 
 
 def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None = None) -> tuple[float, str]:
@@ -97,13 +107,4 @@ def measure_elementwise_rate(device: torch.device, dtype: torch.dtype, seconds: 
         h = torch.nn.functional.gelu(h) + x
         torch.softmax(h * 0.5, dim=-1).float()
 
-    block()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    iters, t0 = 0, time.perf_counter()
-    while iters == 0 or time.perf_counter() - t0 < seconds:
-        block()
-        iters += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return 6 * x.numel() * iters / (time.perf_counter() - t0)
+    return 6 * x.numel() * _calls_per_second(block, device, seconds)
