@@ -8,6 +8,7 @@ built on the meta device and materialised shard by shard under FSDP at any world
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from dataclasses import dataclass
@@ -27,6 +28,41 @@ class GPTConfig:
     n_heads: int = 6
     context: int = 256
     dropout: float = 0.0
+
+
+def causal_chunks(t: int) -> int:
+    """Query chunks for :func:`causal_attention_bmm`: none below t = 512, then 2, then rows of 512.
+
+    bf16 attention forward + backward, 48 heads of 64, one thread, AMD EPYC AVX512-BF16, the allocator a job
+    runs with (``utils.malloc.keep_large_buffers``), against one chunk: t = 256 in 2 chunks 1.04x (4: 0.83x);
+    512 in 2 1.17x (4: 1.06x); 1024 in 2 1.21x (4: 1.22x, 8: 1.02x); 2048 in 4 1.39x (8: 1.30x). Below that
+    the slicing in the backward costs what the skipped blocks save.
+    """
+    return 1 if t < 512 else max(2, t // 512)
+
+
+def causal_attention_bmm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """Causal softmax attention of ``(batch x heads, t, head_dim)`` tensors by batched matmuls.
+
+    The queries go in chunks; chunk i only meets the keys up to its own last position, so the matmuls and
+    the softmax skip the blocks above the diagonal that the mask would zero (2 chunks: 3/4 of the work;
+    4: 5/8). Each row's softmax sees exactly the keys it saw unchunked, so the result
+    is the same math as one masked ``baddbmm`` over all keys.
+    """
+    t, d = q.shape[1], q.shape[2]
+    n = causal_chunks(t)
+    edges = [round(i * t / n) for i in range(n + 1)]
+    mask = torch.full((t, t), float("-inf"), device=q.device, dtype=q.dtype).triu(1)
+    ys = []
+    for lo, hi in itertools.pairwise(edges):
+        scores = torch.baddbmm(
+            mask[lo:hi, :hi].expand(q.shape[0], hi - lo, hi),
+            q[:, lo:hi],
+            k[:, :hi].transpose(1, 2),
+            alpha=1.0 / math.sqrt(d),
+        )
+        ys.append(torch.bmm(F.dropout(torch.softmax(scores, dim=-1), dropout_p), v[:, :hi]))
+    return ys[0] if n == 1 else torch.cat(ys, dim=1)
 
 
 class Attention(nn.Module):
@@ -51,9 +87,7 @@ class Attention(nn.Module):
         else:
             # bf16 on a CPU with AMX or AVX512-BF16: batched matmuls beat SDPA's flash kernel (~1.17x, 1.13x per step).
             q, k, v = (z.reshape(b * h, t, d) for z in (q, k, v))
-            mask = torch.full((t, t), float("-inf"), device=x.device, dtype=q.dtype).triu(1)
-            scores = torch.baddbmm(mask.expand(b * h, t, t), q, k.transpose(1, 2), alpha=1.0 / math.sqrt(d))
-            y = torch.bmm(F.dropout(torch.softmax(scores, dim=-1), p), v).view(b, h, t, d)
+            y = causal_attention_bmm(q, k, v, p).view(b, h, t, d)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
