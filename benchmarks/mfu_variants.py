@@ -29,13 +29,14 @@ def _attn_sdpa(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def _attn_bmm(self: Any, x: torch.Tensor) -> torch.Tensor:
-    """The CPU path of cbd42a5 (now only for bf16 on CPUs with AMX): baddbmm + softmax + bmm, full t x t."""
+    """The model's batched-matmul path (``models.gpt.causal_attention_bmm``, src's choice for bf16 on CPUs with
+    AMX or AVX512-BF16), forced whatever the dtype and CPU."""
+    from disttrain.models.gpt import causal_attention_bmm
+
     b, t, c = x.shape
     h, d = self.n_heads, c // self.n_heads
     q, k, v = (z.reshape(b * h, t, d) for z in self.qkv(x).view(b, t, 3, h, d).permute(2, 0, 3, 1, 4))
-    mask = torch.full((t, t), float("-inf"), dtype=q.dtype).triu(1)
-    scores = torch.baddbmm(mask.expand(b * h, t, t), q, k.transpose(1, 2), alpha=1.0 / d**0.5)
-    y = torch.bmm(torch.softmax(scores, dim=-1), v).view(b, h, t, d)
+    y = causal_attention_bmm(q, k, v, self.dropout if self.training else 0.0).view(b, h, t, d)
     return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 

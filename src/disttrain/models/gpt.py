@@ -33,10 +33,10 @@ class GPTConfig:
 def causal_chunks(t: int) -> int:
     """Query chunks for :func:`causal_attention_bmm`: none below t = 512, then 2, then rows of 512.
 
-    bf16 attention forward + backward, 48 heads of 64, one thread, AMD EPYC AVX512-BF16, the allocator a job
-    runs with (``utils.malloc.keep_large_buffers``), against one chunk: t = 256 in 2 chunks 1.04x (4: 0.83x);
-    512 in 2 1.17x (4: 1.06x); 1024 in 2 1.21x (4: 1.22x, 8: 1.02x); 2048 in 4 1.39x (8: 1.30x). Below that
-    the slicing in the backward costs what the skipped blocks save.
+    Measured by ``benchmarks/bench_attention.py`` (bf16, AMD EPYC AVX512-BF16, one thread, the job's allocator;
+    figures in docs/benchmarks.md): against one chunk, attention is 1.15x faster at t = 512 in 2 chunks, 1.20x
+    at 1024 in 2 (4: 1.21x), 1.35x at 2048 in 4, and a training step 1.06-1.18x. At t = 256 the step is not
+    measurably faster: the slicing in the backward costs what the skipped blocks save.
     """
     return 1 if t < 512 else max(2, t // 512)
 
