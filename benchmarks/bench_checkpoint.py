@@ -67,7 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
 
     env = init_distributed("cpu", threads=1)
     root = Path(args.root)

@@ -154,7 +154,7 @@ class StepClock:
 
 
 def worker(args: argparse.Namespace) -> None:
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
 
     C.one_thread()
     env = init_distributed("cpu", threads=1)

@@ -194,7 +194,7 @@ def interleaved_blocks(trainers: dict[str, Any], args: argparse.Namespace, env: 
 
 def worker(args: argparse.Namespace) -> None:
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
 
     C.one_thread()
     env = init_distributed("cpu", threads=1)

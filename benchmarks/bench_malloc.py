@@ -73,7 +73,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.config import from_dict
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.train.trainer import Trainer
 
     env = init_distributed("cpu", threads=1)

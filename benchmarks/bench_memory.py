@@ -91,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
     from disttrain.build import build_model
     from disttrain.config import from_dict
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.train.trainer import Trainer
 
     env = init_distributed("cpu", threads=1)

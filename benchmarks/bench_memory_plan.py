@@ -103,7 +103,7 @@ def measure_worker(args: argparse.Namespace) -> None:
     """Every strategy in turn on this rank; each ``measure_strategy`` takes its own RSS baseline."""
     import gc
 
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.plan.measure import measure_strategy
 
     env = init_distributed("cpu", threads=1)
@@ -314,8 +314,8 @@ def throughput_worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.build import build_model
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
-    from disttrain.dist.mesh import SHARDED
+    from disttrain.parallel.env import init_distributed
+    from disttrain.parallel.mesh import SHARDED
     from disttrain.train.trainer import Trainer
 
     env = init_distributed("cpu", threads=1)

@@ -20,7 +20,7 @@ choice src/ makes is still the faster one on this CPU and torch:
 * ``GEMMs only``: not a training step: only the model's matmuls (every linear layer's forward and both
   backward GEMMs, and the attention bmm's, in the same dtype and shapes): the MFU ceiling if nothing else
   cost anything;
-* ``compile: blocks`` and ``compile: model`` (``--compile``): ``parallel.compile`` (src/disttrain/dist/compile.py),
+* ``compile: blocks`` and ``compile: model`` (``--compile``): ``parallel.compile`` (src/disttrain/parallel/compile.py),
   each block or the whole model through torch.compile; the first step's extra time is reported as the
   compile time, cold (a fresh inductor cache folder for the run unless ``--warm-cache``): what the first run
   of a job on a machine pays. Adds ~1-3 min on a 2-core CPU.
@@ -82,7 +82,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def resolve_dtype(dtype: str) -> str:
     """``auto`` -> what ``precision.dtype = "auto"`` resolves to on this CPU."""
     from disttrain.config import PrecisionConfig
-    from disttrain.dist.env import resolve_precision
+    from disttrain.parallel.env import resolve_precision
 
     return resolve_precision(PrecisionConfig(dtype=dtype), "cpu").dtype
 
@@ -158,7 +158,7 @@ def run_part1(args: argparse.Namespace) -> Part1:
     """Every variant (and the GEMMs alone) one step per round, interleaved, a peak measured after each round."""
     from disttrain.config import DTYPES
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.train.metrics import measure_matmul_tflops
 
     env = init_distributed("cpu", threads=1)
@@ -256,7 +256,7 @@ def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.config import DTYPES
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.train.metrics import measure_matmul_tflops
 
     env = init_distributed("cpu", threads=1)

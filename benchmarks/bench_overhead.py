@@ -183,7 +183,7 @@ def make_trainer(strategy: str, args: argparse.Namespace, text: Any, env: Any, t
 def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.utils.gc import GarbageCollection
 
     env = init_distributed("cpu", threads=1)

@@ -90,8 +90,8 @@ def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.config import from_dict
-    from disttrain.dist.env import init_distributed
-    from disttrain.dist.mesh import SHARDED
+    from disttrain.parallel.env import init_distributed
+    from disttrain.parallel.mesh import SHARDED
     from disttrain.train.trainer import Trainer
 
     spec = json.loads(Path(args.spec).read_text())

@@ -111,7 +111,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     C.one_thread()
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
 
     env = init_distributed("cpu", threads=1)
     text = load_text_data(None, 256, 0.1)

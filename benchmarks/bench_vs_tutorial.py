@@ -76,7 +76,7 @@ def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.config import to_dict
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.train.metrics import measure_matmul_tflops
     from disttrain.utils.gc import GarbageCollection
 

@@ -67,7 +67,7 @@ def start_disttrain(args: argparse.Namespace) -> torch.nn.Module:
 
     from disttrain.checkpoint.pretrained import load_pretrained
     from disttrain.config import ParallelConfig
-    from disttrain.dist.strategy import parallelize
+    from disttrain.parallel.strategy import parallelize
 
     with torch.device("meta"):
         model = GPT2LMHeadModel(hf_config(args))
@@ -97,7 +97,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import transformers  # noqa: F401  (imported before the baseline: its own memory is not the figure)
 
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
 
     env = init_distributed("cpu", threads=1)
     base = rss_bytes()

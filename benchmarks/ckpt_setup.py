@@ -40,7 +40,7 @@ def make_trainer(cfg: Any, text: Any, env: Any, ckpt_folder: Path | None = None)
     """A Trainer as a job builds it, with a CheckpointManager writing under ``ckpt_folder`` if given."""
     from disttrain.build import build_model
     from disttrain.checkpoint import CheckpointManager
-    from disttrain.dist.mesh import resolve_strategy
+    from disttrain.parallel.mesh import resolve_strategy
     from disttrain.train.trainer import Trainer
 
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)

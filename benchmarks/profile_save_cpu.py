@@ -58,7 +58,7 @@ def timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
 def worker(args: argparse.Namespace) -> None:
     C.one_thread()
     from disttrain.data.text import load_text_data
-    from disttrain.dist.env import init_distributed
+    from disttrain.parallel.env import init_distributed
     from disttrain.utils.gc import GarbageCollection
 
     cpu: dict[str, list[float]] = defaultdict(list)

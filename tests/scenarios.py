@@ -23,9 +23,9 @@ from disttrain.checkpoint import CheckpointManager
 from disttrain.config import from_dict
 from disttrain.data.loader import collate, to_device
 from disttrain.data.text import load_text_data
-from disttrain.dist.env import destroy_distributed, init_distributed
-from disttrain.dist.fsdp import find_blocks
-from disttrain.dist.mesh import resolve_strategy
+from disttrain.parallel.env import destroy_distributed, init_distributed
+from disttrain.parallel.fsdp import find_blocks
+from disttrain.parallel.mesh import resolve_strategy
 from disttrain.models.outputs import logits_of
 from disttrain.train.trainer import Trainer
 

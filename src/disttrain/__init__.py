@@ -23,11 +23,11 @@ _WHERE = {
     "ParallelConfig": "disttrain.config",
     "PrecisionConfig": "disttrain.config",
     "TrainConfig": "disttrain.config",
-    "DistEnv": "disttrain.dist.env",
-    "init_distributed": "disttrain.dist.env",
-    "ParallelDims": "disttrain.dist.mesh",
-    "Parallelized": "disttrain.dist.strategy",
-    "parallelize": "disttrain.dist.strategy",
+    "DistEnv": "disttrain.parallel.env",
+    "init_distributed": "disttrain.parallel.env",
+    "ParallelDims": "disttrain.parallel.mesh",
+    "Parallelized": "disttrain.parallel.strategy",
+    "parallelize": "disttrain.parallel.strategy",
     "FitResult": "disttrain.train.trainer",
     "Trainer": "disttrain.train.trainer",
 }
@@ -60,9 +60,9 @@ if TYPE_CHECKING:
         PrecisionConfig,
         TrainConfig,
     )
-    from disttrain.dist.env import DistEnv, init_distributed
-    from disttrain.dist.mesh import ParallelDims
-    from disttrain.dist.strategy import Parallelized, parallelize
+    from disttrain.parallel.env import DistEnv, init_distributed
+    from disttrain.parallel.mesh import ParallelDims
+    from disttrain.parallel.strategy import Parallelized, parallelize
     from disttrain.train.trainer import FitResult, Trainer
 
 

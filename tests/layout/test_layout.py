@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "disttrain.models": 2,
     "disttrain.data": 2,
     "disttrain.build": 3,
-    "disttrain.dist": 4,
+    "disttrain.parallel": 4,
     "disttrain.rpc": 4,  # the only importer of torch.distributed.rpc
     "disttrain.checkpoint": 5,
     "disttrain.health": 5,
@@ -181,9 +181,31 @@ def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from disttrain.cli import main\n\n\n"
         "def f() -> None:\n    from disttrain.train import trainer\n"
     )
-    mods = {"disttrain.train.trainer", "disttrain.dist.probe", "disttrain.cli"}
-    found = imports_of(probe, mods, me="disttrain.dist.probe")
+    mods = {"disttrain.train.trainer", "disttrain.parallel.probe", "disttrain.cli"}
+    found = imports_of(probe, mods, me="disttrain.parallel.probe")
     assert found == [(8, "disttrain.train.trainer")]
-    assert LAYERS[layer_key(found[0][1])] > LAYERS[layer_key("disttrain.dist.probe")]
+    assert LAYERS[layer_key(found[0][1])] > LAYERS[layer_key("disttrain.parallel.probe")]
     assert long_functions("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES) == ["f (line 1): 61 lines"]
     assert long_functions("def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)) == []
+
+
+def test_ruff_checks_every_source_file() -> None:
+    """ruff's default excludes (``dist``, ``build``, ...) must not hide a package: every ``.py`` under src/,
+    tests/ and benchmarks/ is in the file list ``make lint`` checks."""
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+    out = subprocess.run(
+        [ruff, "check", "--show-files", "src", "tests", "benchmarks", "examples"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    seen = {Path(line.strip()).resolve() for line in out.splitlines() if line.strip().endswith(".py")}
+    missing = [str(p.relative_to(ROOT)) for p in python_files() if p.resolve() not in seen]
+    assert not missing, f"ruff never checks these files (an excluded folder name?): {missing}"

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from disttrain.config import JobConfig, from_dict, parse_bytes
-from disttrain.dist.mesh import ParallelDims
+from disttrain.parallel.mesh import ParallelDims
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.plan.choose import decide

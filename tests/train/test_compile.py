@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from disttrain.dist.blocks import find_blocks
-from disttrain.dist.compile import AUTO, apply_compile, resolve_compile
+from disttrain.parallel.blocks import find_blocks
+from disttrain.parallel.compile import AUTO, apply_compile, resolve_compile
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
 

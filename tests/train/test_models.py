@@ -19,7 +19,7 @@ from disttrain.checkpoint.pretrained import load_pretrained
 from disttrain.config import from_dict
 from disttrain.data.loader import collate
 from disttrain.data.text import load_text_data
-from disttrain.dist.meta_init import materialize
+from disttrain.parallel.meta_init import materialize
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.models.outputs import logits_of, loss_of
 from disttrain.train.loss import Objective, cross_entropy

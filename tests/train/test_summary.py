@@ -13,9 +13,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from disttrain.config import ParallelConfig
-from disttrain.dist.env import destroy_distributed
-from disttrain.dist.mesh import ParallelDims
-from disttrain.dist.strategy import parallelize
+from disttrain.parallel.env import destroy_distributed
+from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategy import parallelize
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.summary import ROOT, ModelSummary, ModuleRow, ShardUnit, model_summary, render, summarize
 

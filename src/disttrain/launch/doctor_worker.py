@@ -51,7 +51,7 @@ def worker(out_dir: str) -> None:
     """One rank of the test: bandwidths per backend, then an RPC ping from rank 0 to the last rank."""
     import warnings
 
-    from disttrain.dist.env import backend_for
+    from disttrain.parallel.env import backend_for
 
     warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*")  # gloo + rpc (pytorch#149393)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -160,7 +160,7 @@ def _compute_rates(device: torch.device) -> dict[str, dict[str, float]]:
     """One thread's (CPU) or the GPU's rates in fp32 and, where it is fast, bf16, each the best of 3 short
     windows (a busy machine's other processes take some of them): ``matmul_tflops``, the square-matmul TFLOP/s,
     and ``elementwise_rate``, the elements per second of a block's element-wise work."""
-    from disttrain.dist.env import fast_bf16
+    from disttrain.parallel.env import fast_bf16
     from disttrain.utils.peak import measure_elementwise_rate, measure_matmul_tflops
 
     threads = torch.get_num_threads()

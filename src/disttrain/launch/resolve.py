@@ -11,8 +11,8 @@ from typing import Any
 
 from disttrain.build import check_imports
 from disttrain.config import JobConfig, resolve_batch
-from disttrain.dist.env import resolve_device_type, resolve_precision
-from disttrain.dist.mesh import SHARDED, ParallelDims, resolve_strategy
+from disttrain.parallel.env import resolve_device_type, resolve_precision
+from disttrain.parallel.mesh import SHARDED, ParallelDims, resolve_strategy
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.launch.preflight import check_inputs
 from disttrain.launch.torchrun import check_nproc, default_nproc

@@ -24,8 +24,8 @@ from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.checkpoint.manager import CheckpointManager
 from disttrain.config import JobConfig, load_toml
 from disttrain.data.text import TextData
-from disttrain.dist.env import DistEnv, destroy_distributed, init_distributed
-from disttrain.dist.mesh import ParallelDims
+from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
+from disttrain.parallel.mesh import ParallelDims
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Preempted
 from disttrain.health.events import attempt, health_dir, log_event, record_exit
 from disttrain.health.peers import PEER_LOST_EXIT, learn_nodes, lost_peer, other_nodes

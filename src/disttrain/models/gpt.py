@@ -3,7 +3,7 @@
 Initialisation is *per parameter name*: each parameter is drawn from its own generator seeded by
 (seed, name). The same weights therefore come out whether the model is built whole on one process, or
 built on the meta device and materialised shard by shard under FSDP at any world size
-(see :func:`disttrain.dist.meta_init.materialize`).
+(see :func:`disttrain.parallel.meta_init.materialize`).
 """
 
 from __future__ import annotations

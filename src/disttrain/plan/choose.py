@@ -2,7 +2,7 @@
 :func:`auto_strategy` (``auto`` for a model already in hand, as the Trainer asks). The Trainer and ``disttrain
 run`` ask for ``auto`` only through these, passing their loss (this module never imports the trainer).
 
-May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.dist``,
+May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.parallel``,
 ``disttrain.plan`` (estimate, profile, render).
 """
 
@@ -105,7 +105,7 @@ def auto_strategy(
 
     A model the planner cannot run on meta tensors gets the plain default (DDP), with the reason saying so.
     """
-    from disttrain.dist.mesh import resolve_strategy
+    from disttrain.parallel.mesh import resolve_strategy
 
     device_type = local_device(cfg)
     local = max(1, min(local, world))

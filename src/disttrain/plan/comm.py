@@ -13,7 +13,7 @@ Pure arithmetic over a :class:`~disttrain.plan.profile.ModelProfile`, mirroring 
 - every strategy: the step's loss all-reduce, and under FSDP the grad-norm's.
 
 Units are groups of ``blocks_per_unit`` adjacent blocks (:func:`unit_numels`), as ``apply_fsdp`` shards them.
-May import: ``disttrain.config``, ``disttrain.dist.blocks``, ``disttrain.plan.profile``.
+May import: ``disttrain.config``, ``disttrain.parallel.blocks``, ``disttrain.plan.profile``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from disttrain.config import DTYPES, JobConfig
-from disttrain.dist.blocks import split_root
+from disttrain.parallel.blocks import split_root
 from disttrain.plan.profile import AFTER, BEFORE, ROOT, ModelProfile, ParamInfo
 
 SCALAR_BYTES = 16  # the loss (and a stop flag) as float64
@@ -67,7 +67,7 @@ def unit_numels(prof: ModelProfile, shard: int, blocks_per_unit: int, root_units
 
 def outer_split(prof: ModelProfile, shard: int, blocks_per_unit: int, root_units: str) -> tuple[int, int, bool]:
     """(numel outside the blocks that may be units of their own, the part after the blocks, whether
-    :func:`~disttrain.dist.blocks.split_root` makes them units for ``root_units``)."""
+    :func:`~disttrain.parallel.blocks.split_root` makes them units for ``root_units``)."""
     _, before, after, per_block = _block_numels(prof.params, prof.n_blocks, shard)
     biggest = max(_group(per_block, blocks_per_unit), default=0)
     return before + after, after, split_root(root_units, before + after, biggest)

@@ -21,7 +21,7 @@ The total is the sum, an upper bound: gradients and activations overlap only par
 :mod:`disttrain.plan.choose` turns a plan into the strategy to run (this module never imports the trainer).
 
 May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.build``,
-``disttrain.dist``, ``disttrain.plan.profile``, ``disttrain.plan.render`` (the table in its messages).
+``disttrain.parallel``, ``disttrain.plan.profile``, ``disttrain.plan.render`` (the table in its messages).
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def resolve_device_memory(spec: str, device_type: str, nproc: int) -> int:
 
 def resolved_precision(cfg: JobConfig, device_type: str | None = None) -> JobConfig:
     """``precision.dtype = "auto"`` decided for ``device_type`` (default: cuda if present, else cpu)."""
-    from disttrain.dist.env import resolve_precision
+    from disttrain.parallel.env import resolve_precision
 
     if cfg.precision.dtype != "auto":
         return cfg

@@ -151,7 +151,7 @@ def measure_strategy(
     (see :func:`measure`); ``keep_buffers``: the timed steps run with the allocator a CPU job runs with
     (:func:`disttrain.utils.malloc.keep_large_buffers`), after one more step to settle it."""
     from disttrain.build import build_data, build_model, vocab_size
-    from disttrain.dist.mesh import SHARDED
+    from disttrain.parallel.mesh import SHARDED
     from disttrain.train.trainer import Trainer
 
     offload = strategy == "fsdp_offload"
@@ -265,7 +265,7 @@ def measure(
 
 def worker(spec_path: str) -> None:
     """One rank of a :func:`measure` launch: measure the spec's strategies, write ``rank<R>.json``."""
-    from disttrain.dist.env import destroy_distributed, init_distributed
+    from disttrain.parallel.env import destroy_distributed, init_distributed
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = from_dict(spec["config"])

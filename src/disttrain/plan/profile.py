@@ -6,7 +6,7 @@ for every parameter and buffer, so a 70B-parameter config takes seconds. ``atten
 ``F.scaled_dot_product_attention`` as CUDA's fused kernels run it (see :class:`FlashAttentionSaves`).
 
 The loss is the caller's (``loss_fn``): the plan never imports the trainer.
-May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.dist`` (which blocks FSDP shards, which
+May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.parallel`` (which blocks FSDP shards, which
 blocks activation checkpointing recomputes).
 """
 
@@ -26,8 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from disttrain.config import DTYPES
-from disttrain.dist.activation import checkpointed_indices
-from disttrain.dist.blocks import find_blocks, outer_units
+from disttrain.parallel.activation import checkpointed_indices
+from disttrain.parallel.blocks import find_blocks, outer_units
 from disttrain.errors import ConfigError
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -101,7 +101,7 @@ class ModelProfile:
 
     def activations(self, ac: str = "none") -> int:
         """Peak activation bytes with activation checkpointing ``none``, ``full`` or every K-th block (the
-        blocks :func:`disttrain.dist.activation.checkpointed_indices` picks, as training does)."""
+        blocks :func:`disttrain.parallel.activation.checkpointed_indices` picks, as training does)."""
         total = self.act_other + sum(self.act_by_block) + self.backward_transient
         ckpt = checkpointed_indices(ac, self.n_blocks)
         if not ckpt:
@@ -132,7 +132,7 @@ ROOT, BEFORE, AFTER = -1, -2, -3  # ParamInfo.unit outside the blocks
 
 def param_infos(model: nn.Module, blocks: list[nn.Module]) -> tuple[ParamInfo, ...]:
     """Every parameter of ``model`` with the index of the first block that holds it, or where it sits outside
-    them (:func:`~disttrain.dist.blocks.outer_units`)."""
+    them (:func:`~disttrain.parallel.blocks.outer_units`)."""
     owner: dict[int, int] = {}
     for i, b in enumerate(blocks):
         for p in b.parameters():

@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from disttrain.config import JobConfig
-from disttrain.dist.mesh import ParallelDims
+from disttrain.parallel.mesh import ParallelDims
 
 
 def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:

@@ -27,9 +27,9 @@ from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimSt
 from disttrain.checkpoint.pretrained import load_pretrained
 from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches, to_device
-from disttrain.dist.env import DistEnv, init_distributed, resolve_precision, seed_everything
-from disttrain.dist.mesh import ParallelDims
-from disttrain.dist.strategy import Parallelized, parallelize
+from disttrain.parallel.env import DistEnv, init_distributed, resolve_precision, seed_everything
+from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor
 from disttrain.health.signals import PREEMPT

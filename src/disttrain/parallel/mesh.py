@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from disttrain.config import ParallelConfig
-from disttrain.dist.env import init_single_process_group
+from disttrain.parallel.env import init_single_process_group
 from disttrain.errors import ConfigError
 
 STRATEGIES = ("single", "ddp", "fsdp", "hsdp")

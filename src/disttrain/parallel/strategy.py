@@ -22,12 +22,12 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
-from disttrain.dist.activation import apply_activation_checkpointing
-from disttrain.dist.compile import apply_compile
-from disttrain.dist.env import resolve_precision
-from disttrain.dist.fsdp import apply_fsdp, find_blocks
-from disttrain.dist.mesh import ParallelDims
-from disttrain.dist.meta_init import is_meta, materialize
+from disttrain.parallel.activation import apply_activation_checkpointing
+from disttrain.parallel.compile import apply_compile
+from disttrain.parallel.env import resolve_precision
+from disttrain.parallel.fsdp import apply_fsdp, find_blocks
+from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.meta_init import is_meta, materialize
 from disttrain.errors import ConfigError
 
 

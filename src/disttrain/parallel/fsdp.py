@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from disttrain.config import DTYPES
-from disttrain.dist.blocks import find_blocks, outer_units, split_root
+from disttrain.parallel.blocks import find_blocks, outer_units, split_root
 
 
 def reshard_flag(policy: str, index: int, n_blocks: int) -> bool:
@@ -47,7 +47,7 @@ def apply_fsdp(
 
     Every ``blocks_per_unit`` adjacent blocks are one FSDP unit (``fully_shard`` of the list: one all-gather
     and one reduce-scatter for all of them). ``"auto"`` left unresolved by a plan means 1 block per unit and
-    a prefetch depth of 1. ``root_units`` (:func:`~disttrain.dist.blocks.split_root`) may give the embeddings
+    a prefetch depth of 1. ``root_units`` (:func:`~disttrain.parallel.blocks.split_root`) may give the embeddings
     a unit before the blocks and the final norm + head one after them. With ``offload``, sharded parameters,
     gradients and optimizer state live in host memory (``CPUOffloadPolicy``; pinned only where there is an
     accelerator to pin for).
