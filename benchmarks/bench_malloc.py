@@ -83,11 +83,16 @@ def worker(args: argparse.Namespace) -> None:
             {
                 "model": {"n_layers": 6, "d_model": 384, "n_heads": 6, "context": 256},
                 "train": {"micro_batch": 8, "global_batch": 8 * env.world_size, "eval_interval": 0},
-                "parallel": {"device": "cpu", "strategy": "fsdp", "forward_prefetch": 1, "backward_prefetch": 1,
-                             **parallel},
+                "parallel": {
+                    "device": "cpu",
+                    "strategy": "fsdp",
+                    "forward_prefetch": 1,
+                    "backward_prefetch": 1,
+                    **parallel,
+                },
                 "metrics": {"peak_tflops": 1.0, "progress": "off"},
             }
-        )  # fmt: skip
+        )
         train, _, text = build_data(cfg)
         model = build_model(cfg, vocab_size(train, text), on_meta=cfg.parallel.strategy != "ddp")
         trainers[name] = Trainer(model, train, cfg, env=env)
@@ -95,8 +100,9 @@ def worker(args: argparse.Namespace) -> None:
     def step(name: str) -> Any:
         return lambda n: [trainers[name].train_step() for _ in range(n)]
 
-    times = C.interleave({n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1,
-                         before_block=dist.barrier)  # fmt: skip
+    times = C.interleave(
+        {n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1, before_block=dist.barrier
+    )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     C.write_rank_result(args.out, env.rank, {"times": C.slowest_rank(times), "peak_rss": rss})
     C.finish_worker()
@@ -127,15 +133,19 @@ def main(argv: list[str]) -> None:
     rows, out = [], {}
     for v in VARIANTS:
         ms = {s: C.median([C.median(r["times"][v]) for r in runs]) * 1e3 for s, runs in sides.items()}
-        per_pair = [C.median(g["times"][v]) / C.median(k["times"][v])
-                    for k, g in zip(sides["launcher"], sides["glibc"], strict=True)]  # fmt: skip
+        per_pair = [
+            C.median(g["times"][v]) / C.median(k["times"][v])
+            for k, g in zip(sides["launcher"], sides["glibc"], strict=True)
+        ]
         rows.append([v, ms["glibc"], ms["launcher"], C.median(per_pair), " ".join(f"{x:.2f}" for x in per_pair)])
         out[v] = {"glibc_ms": ms["glibc"], "launcher_ms": ms["launcher"], "speedup_per_pair": per_pair}
     rss = {s: max(r["peak_rss"] for r in runs) / 2**20 for s, runs in sides.items()}
     title2 = f"Part 2: default GPT, 2 ranks, {args.rounds} rounds per launch, {args.pairs} launch pairs"
     C.table(["variant", "glibc defaults ms", "launcher's ms", "speed-up", "per pair"], rows, title=title2)
-    print(f"peak RSS per rank (largest of the launches): glibc defaults {rss['glibc']:.0f} MiB, "
-          f"launcher's {rss['launcher']:.0f} MiB")  # fmt: skip
+    print(
+        f"peak RSS per rank (largest of the launches): glibc defaults {rss['glibc']:.0f} MiB, "
+        f"launcher's {rss['launcher']:.0f} MiB"
+    )
     C.write_results("bench_malloc", {"config": vars(args), "fresh_pages": part1, "steps": out, "peak_rss_mib": rss})
 
 

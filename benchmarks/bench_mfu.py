@@ -230,10 +230,20 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
     for name in run.times:
         r = results[name] = variant_figures(run, name, flops_per_step)
         lo, hi = r["speedup_iqr"]
-        rows.append([name, r["s_per_step_median"] * 1e3, f"{r['mfu'] * 100:.1f}%", r["speedup_vs_as_is"],
-                     f"{lo:.2f}-{hi:.2f}", r["cpu_s_per_step_median"] * 1e3, f"{r['mfu_cpu_clock'] * 100:.1f}%",
-                     r["speedup_vs_as_is_cpu_clock"], f"{r['first_step_extra_s']:.1f}",
-                     f"{r['first_loss']:.4f}" if r["first_loss"] is not None else "-"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                r["s_per_step_median"] * 1e3,
+                f"{r['mfu'] * 100:.1f}%",
+                r["speedup_vs_as_is"],
+                f"{lo:.2f}-{hi:.2f}",
+                r["cpu_s_per_step_median"] * 1e3,
+                f"{r['mfu_cpu_clock'] * 100:.1f}%",
+                r["speedup_vs_as_is_cpu_clock"],
+                f"{r['first_step_extra_s']:.1f}",
+                f"{r['first_loss']:.4f}" if r["first_loss"] is not None else "-",
+            ]
+        )
     results["profiles"] = profiles
     headers = ["variant", "ms/step", "MFU", "speed", "IQR", "CPU ms/step", "MFU (CPU)", "speed (CPU)"]
     C.table(

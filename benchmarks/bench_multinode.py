@@ -122,12 +122,46 @@ def transfer_gbit(a: Host, b: Host, port: int, nbytes: int = 32 << 20) -> float:
 
 # -- one job on two hosts -----------------------------------------------------------------------------
 def job_args(data: Path, root: Path, name: str, strategy: str, steps: int, *extra: str) -> list[str]:
-    return ["run", "--data.path", str(data), "--model.n-layers", "4", "--model.d-model", "256",
-            "--model.n-heads", "4", "--model.context", "64", "--precision.dtype", "fp32",
-            "--train.global-batch", "16", "--train.micro-batch", "4", "--train.steps", str(steps),
-            "--train.eval-interval", "0", "--train.generate-chars", "0", "--metrics.progress", "off",
-            "--metrics.log-interval", "1", "--metrics.peak-tflops", "1", "--checkpoint.interval", "0",
-            "--parallel.strategy", strategy, "--run.root", str(root), "--run.name", name, *extra]  # fmt: skip
+    return [
+        "run",
+        "--data.path",
+        str(data),
+        "--model.n-layers",
+        "4",
+        "--model.d-model",
+        "256",
+        "--model.n-heads",
+        "4",
+        "--model.context",
+        "64",
+        "--precision.dtype",
+        "fp32",
+        "--train.global-batch",
+        "16",
+        "--train.micro-batch",
+        "4",
+        "--train.steps",
+        str(steps),
+        "--train.eval-interval",
+        "0",
+        "--train.generate-chars",
+        "0",
+        "--metrics.progress",
+        "off",
+        "--metrics.log-interval",
+        "1",
+        "--metrics.peak-tflops",
+        "1",
+        "--checkpoint.interval",
+        "0",
+        "--parallel.strategy",
+        strategy,
+        "--run.root",
+        str(root),
+        "--run.name",
+        name,
+        *extra,
+    ]
 
 
 def launch(a: Host, b: Host, args: list[str], port: int, logs: Path) -> list[subprocess.Popen[str]]:
@@ -277,8 +311,11 @@ def main(argv: list[str]) -> None:
                         port += 1
                         runs.append(measure(a, b, tmp, data, s, args.steps, port))
                         x = runs[-1]
-                        print(f"{s}: {x['tokens_per_s']:,.0f} tokens/s, {x['bytes_per_step'] / 1e6:.1f} MB/step "
-                              f"across the link, job {x['wall_s']:.0f} s", flush=True)  # fmt: skip
+                        print(
+                            f"{s}: {x['tokens_per_s']:,.0f} tokens/s, {x['bytes_per_step'] / 1e6:.1f} MB/step "
+                            f"across the link, job {x['wall_s']:.0f} s",
+                            flush=True,
+                        )
             death = None if args.no_death else death_to_error(tmp, data, PORT + 100)
         finally:
             left = pids_mentioning(tmp)
@@ -300,16 +337,35 @@ def report(
     death: dict[str, Any] | None,
     left: list[int],
 ) -> None:
-    med = {s: {k: C.median([r[k] for r in runs if r["strategy"] == s]) for k in ("tokens_per_s", "bytes_per_step",
-           "whole_job_bytes_per_step")} for s in strategies}  # fmt: skip
+    med = {
+        s: {
+            k: C.median([r[k] for r in runs if r["strategy"] == s])
+            for k in ("tokens_per_s", "bytes_per_step", "whole_job_bytes_per_step")
+        }
+        for s in strategies
+    }
     ref = med.get("ddp") or med[strategies[-1]]
     n_params = runs[0]["n_params"]
     model_mb = n_params * 4 / 1e6
-    rows = [[s, med[s]["tokens_per_s"], med[s]["tokens_per_s"] / ref["tokens_per_s"], med[s]["bytes_per_step"] / 1e6,
-             med[s]["bytes_per_step"] / ref["bytes_per_step"], med[s]["whole_job_bytes_per_step"] / 1e6]
-            for s in strategies]  # fmt: skip
-    head = ["strategy", "tokens/s", "ratio to DDP", "MB across the node boundary / step", "ratio to DDP",
-            "whole job's MB / step"]  # fmt: skip
+    rows = [
+        [
+            s,
+            med[s]["tokens_per_s"],
+            med[s]["tokens_per_s"] / ref["tokens_per_s"],
+            med[s]["bytes_per_step"] / 1e6,
+            med[s]["bytes_per_step"] / ref["bytes_per_step"],
+            med[s]["whole_job_bytes_per_step"] / 1e6,
+        ]
+        for s in strategies
+    ]
+    head = [
+        "strategy",
+        "tokens/s",
+        "ratio to DDP",
+        "MB across the node boundary / step",
+        "ratio to DDP",
+        "whole job's MB / step",
+    ]
     title = (
         f"2 hosts x 2 ranks, link {args.rate} each way; GPT {n_params:,} params = {model_mb:.2f} MB fp32; "
         f"global batch 16 x 64 tokens; steps {WARMUP}-{args.steps} of {args.steps}, median of {args.repeats}"
@@ -320,12 +376,24 @@ def report(
         print(f"| {row[0]} | {row[1]:,.0f} | {row[2]:.2f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.1f} |")
     print(THEORY, flush=True)
     if death is not None:
-        print(f"node death -> error on host A: {death['seconds']:.1f} s, exit code {death['exit_code']}, "
-              f"'lost contact with' in stderr: {death['lost_contact']}\n  {death['line']}", flush=True)  # fmt: skip
-    C.write_results("bench_multinode", {
-        "link": kind, "tcp_gbit_free": free, "tcp_gbit_limited": limited, "n_params": n_params,
-        "medians": med, "runs": runs, "death": death, "left_behind": left,
-    })  # fmt: skip
+        print(
+            f"node death -> error on host A: {death['seconds']:.1f} s, exit code {death['exit_code']}, "
+            f"'lost contact with' in stderr: {death['lost_contact']}\n  {death['line']}",
+            flush=True,
+        )
+    C.write_results(
+        "bench_multinode",
+        {
+            "link": kind,
+            "tcp_gbit_free": free,
+            "tcp_gbit_limited": limited,
+            "n_params": n_params,
+            "medians": med,
+            "runs": runs,
+            "death": death,
+            "left_behind": left,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,16 @@ def bench_model(args: argparse.Namespace, vocab: int) -> tuple[nn.Module, list[n
     if args.model == "hf-gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(vocab_size=vocab, n_positions=args.context, n_embd=args.width, n_layer=args.layers,
-                         n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        cfg = GPT2Config(
+            vocab_size=vocab,
+            n_positions=args.context,
+            n_embd=args.width,
+            n_layer=args.layers,
+            n_head=args.heads,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         hf = GPT2LMHeadModel(cfg)
         return hf, list(hf.transformer.h)
     from disttrain.models.gpt import GPT, GPTConfig

@@ -106,8 +106,9 @@ def worker(args: argparse.Namespace) -> None:
     def step(name: str) -> Any:
         return lambda n: [trainers[name].train_step() for _ in range(n)]
 
-    times = C.interleave({n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1,
-                         before_block=dist.barrier)  # fmt: skip
+    times = C.interleave(
+        {n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1, before_block=dist.barrier
+    )
     C.write_rank_result(args.out, env.rank, C.slowest_rank(times))
     C.finish_worker()
 

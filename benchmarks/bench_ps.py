@@ -55,18 +55,29 @@ def main(argv: list[str]) -> None:
         runs["4x2 asp one by one"] = run_ps(Path(tmp), "asp4", [*four, "--no-combine-pushes"])
         big = ["--tables", "1000000", "--dim", "16", "--batch", "256"]
         runs["1M rows"] = run_ps(Path(tmp), "big", [*common, *big])
-    rows = [[k, r["samples_per_s"], r["final"]["auc"], r["bytes_per_step"] / 2**10, _per_update(r)]
-            for k, r in runs.items()]  # fmt: skip
+    rows = [
+        [k, r["samples_per_s"], r["final"]["auc"], r["bytes_per_step"] / 2**10, _per_update(r)] for k, r in runs.items()
+    ]
     title = f"disttrain ps, {args.steps} steps of 256 samples per trainer (default tables unless said)"
     head = ["job (trainers x servers, mode)", "samples/s", "AUC", "KiB moved / step / trainer", "pushes / update"]
     C.table(head, rows, title=title)
     big_cfg = runs["1M rows"]["config"]
     dense = 2 * sum(big_cfg["tables"]) * big_cfg["dim"] * 4  # pull the whole table, push a whole gradient
     ratio = runs["1M rows"]["bytes_per_step"] / dense
-    C.table(["traffic per trainer per step", "bytes", "ratio", "goal", ""],
-            [["sparse (distinct rows only)", runs["1M rows"]["bytes_per_step"], ratio, f"<= {BYTES_GOAL}",
-              C.verdict(ratio, BYTES_GOAL, higher_is_better=False)], ["dense tables both ways", dense, 1.0, "", ""]],
-            title="1,000,000 rows x 16, batch 256")  # fmt: skip
+    C.table(
+        ["traffic per trainer per step", "bytes", "ratio", "goal", ""],
+        [
+            [
+                "sparse (distinct rows only)",
+                runs["1M rows"]["bytes_per_step"],
+                ratio,
+                f"<= {BYTES_GOAL}",
+                C.verdict(ratio, BYTES_GOAL, higher_is_better=False),
+            ],
+            ["dense tables both ways", dense, 1.0, "", ""],
+        ],
+        title="1,000,000 rows x 16, batch 256",
+    )
     C.write_results("bench_ps", {"runs": runs, "bytes_ratio": ratio})
 
 

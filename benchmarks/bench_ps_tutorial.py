@@ -169,8 +169,12 @@ def barrier(server: rpc.RRef, name: str, n: int) -> None:
 
 def evaluate(server: rpc.RRef, log: ClickLog, s: Setup) -> dict[str, float]:
     b = log.held_out(s.eval_samples, s.seed)
-    logits = torch.cat([server.rpc_sync().predict(b.dense[i : i + EVAL_CHUNK], b.ids[i : i + EVAL_CHUNK])
-                        for i in range(0, len(b.label), EVAL_CHUNK)])  # fmt: skip
+    logits = torch.cat(
+        [
+            server.rpc_sync().predict(b.dense[i : i + EVAL_CHUNK], b.ids[i : i + EVAL_CHUNK])
+            for i in range(0, len(b.label), EVAL_CHUNK)
+        ]
+    )
     return {"auc": auc(logits, b.label), "ceiling_auc": log.ceiling(b)}
 
 
@@ -232,8 +236,9 @@ def run_tutorial(s: Setup, timeout: float = 900.0) -> dict[str, Any]:
     """One server + ``s.trainers`` trainers (spawned processes); samples/s after warm-up, AUC, step times."""
     os.environ.update(TP_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="disttrain-ps-tutorial-") as tmp:
-        ctx = mp.start_processes(worker, args=(s, free_port(), tmp), nprocs=s.trainers + 1, join=False,
-                                 start_method="spawn")  # fmt: skip
+        ctx = mp.start_processes(
+            worker, args=(s, free_port(), tmp), nprocs=s.trainers + 1, join=False, start_method="spawn"
+        )
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=5):
             if time.monotonic() > deadline:
@@ -245,18 +250,47 @@ def run_tutorial(s: Setup, timeout: float = 900.0) -> dict[str, Any]:
     timed = (s.steps - WARMUP) * s.batch * s.trainers
     all_steps = s.steps * s.batch * s.trainers / (end - min(r["first"] for r in per))
     steps = [t for r in per for t in r["step_s"][WARMUP:]]
-    return {"samples_per_s": timed / (end - min(r["start"] for r in per)), "samples_per_s_all_steps": all_steps,
-            "median_step_s": statistics.median(steps), "auc": per[0]["auc"], "ceiling_auc": per[0]["ceiling_auc"],
-            "per_trainer": per}  # fmt: skip
+    return {
+        "samples_per_s": timed / (end - min(r["start"] for r in per)),
+        "samples_per_s_all_steps": all_steps,
+        "median_step_s": statistics.median(steps),
+        "auc": per[0]["auc"],
+        "ceiling_auc": per[0]["ceiling_auc"],
+        "per_trainer": per,
+    }
 
 
 # -- disttrain ps, the real command ---------------------------------------------------------------------
 def run_disttrain(s: Setup, servers: int, tmp: Path) -> dict[str, Any]:
     name = f"s{servers}"
-    args = ["--trainers", str(s.trainers), "--servers", str(servers), "--steps", str(s.steps), "--eval-every", "0",
-            "--eval-samples", str(s.eval_samples), "--tables", *map(str, s.tables), "--dim", str(s.dim),
-            "--n-dense", str(s.n_dense), "--hidden", str(s.hidden), "--batch", str(s.batch), "--lr", str(s.lr),
-            "--dense-lr", str(s.dense_lr), "--seed", str(s.seed)]  # fmt: skip
+    args = [
+        "--trainers",
+        str(s.trainers),
+        "--servers",
+        str(servers),
+        "--steps",
+        str(s.steps),
+        "--eval-every",
+        "0",
+        "--eval-samples",
+        str(s.eval_samples),
+        "--tables",
+        *map(str, s.tables),
+        "--dim",
+        str(s.dim),
+        "--n-dense",
+        str(s.n_dense),
+        "--hidden",
+        str(s.hidden),
+        "--batch",
+        str(s.batch),
+        "--lr",
+        str(s.lr),
+        "--dense-lr",
+        str(s.dense_lr),
+        "--seed",
+        str(s.seed),
+    ]
     cmd = [str(C.DISTTRAIN), "ps", *args, "--run-root", str(tmp), "--run-name", name]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -284,17 +318,28 @@ def main(argv: list[str]) -> None:
         ratio = r["samples_per_s"] / base
         label = f"disttrain ps, {n} server{'s' if n > 1 else ''}"
         rows.append([label, r["samples_per_s"], ratio, r["final"]["auc"], f">= {GOAL:g}x", C.verdict(ratio, GOAL)])
-    title = (f"{s.trainers} trainers, {s.steps} steps of {s.batch} samples each (the same samples), tables "
-             f"{', '.join(map(str, s.tables))} x {s.dim}, one thread per process")  # fmt: skip
+    title = (
+        f"{s.trainers} trainers, {s.steps} steps of {s.batch} samples each (the same samples), tables "
+        f"{', '.join(map(str, s.tables))} x {s.dim}, one thread per process"
+    )
     C.table(["system", "samples/s", "x tutorial", "AUC", "goal", "verdict"], rows, title=title)
     print(f"ceiling AUC (the hidden model) on the {s.eval_samples} held-out samples: {tutorial['ceiling_auc']:.3f}")
-    print(f"tutorial pattern over all {s.steps} steps (warm-up included): {tutorial['samples_per_s_all_steps']:,.0f}"
-          f" samples/s; median step {tutorial['median_step_s'] * 1e3:.1f} ms per trainer")  # fmt: skip
+    print(
+        f"tutorial pattern over all {s.steps} steps (warm-up included): {tutorial['samples_per_s_all_steps']:,.0f}"
+        f" samples/s; median step {tutorial['median_step_s'] * 1e3:.1f} ms per trainer"
+    )
     elapsed = time.monotonic() - t0
     print(f"wall time: {elapsed:.0f} s")
-    C.write_results("bench_ps_tutorial", {"setup": dataclasses.asdict(s), "tutorial": tutorial, "disttrain": ours,
-                                          "ratios": {n: r["samples_per_s"] / base for n, r in ours.items()},
-                                          "wall_s": elapsed})  # fmt: skip
+    C.write_results(
+        "bench_ps_tutorial",
+        {
+            "setup": dataclasses.asdict(s),
+            "tutorial": tutorial,
+            "disttrain": ours,
+            "ratios": {n: r["samples_per_s"] / base for n, r in ours.items()},
+            "wall_s": elapsed,
+        },
+    )
 
 
 if __name__ == "__main__":

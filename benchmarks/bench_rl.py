@@ -115,25 +115,51 @@ def run_rl(root: Path, name: str, args: list[str], timeout_s: float) -> dict[str
         tails = log_tails(root / name)
         for log, text in tails.items():
             print(f"  --- {name}/logs/{log} (tail) ---\n{text}", flush=True)
-        return {"error": error, "command": cmd, "command_s": command_s, "stdout": out[-2000:],
-                "stderr": err[-4000:], "logs": tails}  # fmt: skip
+        return {
+            "error": error,
+            "command": cmd,
+            "command_s": command_s,
+            "stdout": out[-2000:],
+            "stderr": err[-4000:],
+            "logs": tails,
+        }
     summary = json.loads(summary_path.read_text())
-    print(f"  {name}: {summary['env_steps']:,} env steps in {summary['wall_s']:.1f} s "
-          f"({summary['env_steps_per_s']:,.0f}/s), solved {summary['solved']}, command {command_s:.1f} s",
-          flush=True)  # fmt: skip
+    print(
+        f"  {name}: {summary['env_steps']:,} env steps in {summary['wall_s']:.1f} s "
+        f"({summary['env_steps_per_s']:,.0f}/s), solved {summary['solved']}, command {command_s:.1f} s",
+        flush=True,
+    )
     return {**summary, "command_s": command_s}
 
 
 def throughput_runs(root: Path, plan: Plan) -> dict[str, dict[str, Any]]:
     """Parts 1-3: the fixed-length jobs, keyed ``a<actors>-c<chunk>-<inference>``."""
-    jobs = [(1, 50, "actor", plan.steps), (2, 50, "actor", plan.steps), (3, 50, "actor", plan.steps),
-            (4, 50, "actor", plan.steps), (3, 1, "actor", plan.chunk1_steps), (3, 200, "actor", plan.steps),
-            (3, 50, "learner", plan.learner_steps)]  # fmt: skip
+    jobs = [
+        (1, 50, "actor", plan.steps),
+        (2, 50, "actor", plan.steps),
+        (3, 50, "actor", plan.steps),
+        (4, 50, "actor", plan.steps),
+        (3, 1, "actor", plan.chunk1_steps),
+        (3, 200, "actor", plan.steps),
+        (3, 50, "learner", plan.learner_steps),
+    ]
     runs: dict[str, dict[str, Any]] = {}
     for actors, chunk, inference, steps in jobs:
         key = f"a{actors}-c{chunk}-{inference}"
-        args = ["--actors", str(actors), "--chunk", str(chunk), "--inference", inference,
-                "--max-env-steps", str(steps), "--solve-return", "0", "--seed", "0"]  # fmt: skip
+        args = [
+            "--actors",
+            str(actors),
+            "--chunk",
+            str(chunk),
+            "--inference",
+            inference,
+            "--max-env-steps",
+            str(steps),
+            "--solve-return",
+            "0",
+            "--seed",
+            "0",
+        ]
         runs[key] = run_rl(root, key, args, plan.timeout_s)
     return runs
 
@@ -170,8 +196,14 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
             with torch.no_grad():
                 action = int(net(torch.from_numpy(obs).float()).argmax())
         nxt, reward, term, trunc, _ = env.step(action)
-        folder.add(obs[None], np.array([action]), np.array([reward], dtype=np.float64), nxt[None],
-                   np.array([term]), np.array([trunc]))  # fmt: skip
+        folder.add(
+            obs[None],
+            np.array([action]),
+            np.array([reward], dtype=np.float64),
+            nxt[None],
+            np.array([term]),
+            np.array([trunc]),
+        )
         step, ep_ret = step + 1, ep_ret + float(reward)
         if term or trunc:
             episodes += 1
@@ -192,8 +224,16 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
                     target.load_state_dict(net.state_dict())
     wall = time.perf_counter() - t0
     ret = statistics.fmean(counted) if counted else float("nan")
-    return {"solved": solved, "wall_s": wall, "env_steps": step, "episodes": episodes, "updates": updates,
-            "return": ret, "explore_steps": int(explore_steps), "env_steps_per_s": step / wall}  # fmt: skip
+    return {
+        "solved": solved,
+        "wall_s": wall,
+        "env_steps": step,
+        "episodes": episodes,
+        "updates": updates,
+        "return": ret,
+        "explore_steps": int(explore_steps),
+        "env_steps_per_s": step / wall,
+    }
 
 
 def solve_runs(root: Path, plan: Plan) -> dict[str, list[dict[str, Any]]]:
@@ -207,8 +247,11 @@ def solve_runs(root: Path, plan: Plan) -> dict[str, list[dict[str, Any]]]:
                 r = run_rl(root, f"solve-s{seed}", ["--seed", str(seed), *cap_args], plan.timeout_s)
             else:
                 r = baseline_dqn(seed, plan.cap, plan.explore_frac)
-                print(f"  baseline seed {seed}: {r['env_steps']:,} env steps in {r['wall_s']:.1f} s, "
-                      f"solved {r['solved']}, return {r['return']:.1f}", flush=True)  # fmt: skip
+                print(
+                    f"  baseline seed {seed}: {r['env_steps']:,} env steps in {r['wall_s']:.1f} s, "
+                    f"solved {r['solved']}, return {r['return']:.1f}",
+                    flush=True,
+                )
             out[system].append({"seed": seed, **r})
     return out
 
@@ -231,14 +274,27 @@ def throughput_tables(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     C.table(head, rows, title="disttrain rl throughput (fixed-length runs, --solve-return 0, seed 0)")
     c1 = rate(runs["a3-c1-actor"])
     ratios = {f"chunk{c}_over_chunk1": rate(runs[f"a3-c{c}-actor"]) / c1 for c in (50, 200)}
-    rows = [[c, runs[f"a3-c{c}-actor"].get("env_steps", ""), rate(runs[f"a3-c{c}-actor"]),
-             rate(runs[f"a3-c{c}-actor"]) / c1] for c in (1, 50, 200)]  # fmt: skip
-    C.table(["chunk", "env steps", "env steps/s", "x chunk 1"], rows,
-            title="RPC batching: 3 actors, inference actor (chunk 1 = one RPC per env step)")  # fmt: skip
+    rows = [
+        [
+            c,
+            runs[f"a3-c{c}-actor"].get("env_steps", ""),
+            rate(runs[f"a3-c{c}-actor"]),
+            rate(runs[f"a3-c{c}-actor"]) / c1,
+        ]
+        for c in (1, 50, 200)
+    ]
+    C.table(
+        ["chunk", "env steps", "env steps/s", "x chunk 1"],
+        rows,
+        title="RPC batching: 3 actors, inference actor (chunk 1 = one RPC per env step)",
+    )
     act, lrn = rate(runs["a3-c50-actor"]), rate(runs["a3-c50-learner"])
     ratios["learner_over_actor_inference"] = lrn / act
-    C.table(["inference", "env steps/s", "x actor"], [["actor", act, 1.0], ["learner", lrn, lrn / act]],
-            title="Where the network acts: 3 actors, chunk 50")  # fmt: skip
+    C.table(
+        ["inference", "env steps/s", "x actor"],
+        [["actor", act, 1.0], ["learner", lrn, lrn / act]],
+        title="Where the network acts: 3 actors, chunk 50",
+    )
     return ratios
 
 
@@ -257,28 +313,56 @@ def solve_tables(solve: dict[str, list[dict[str, Any]]], plan: Plan) -> dict[str
             if "error" in r:
                 rows.append([system, r["seed"], "FAILED: " + r["error"], "", "", "", "", "", r["command_s"]])
                 continue
-            rows.append([system, r["seed"], "yes" if r["solved"] else "no", r["wall_s"], r["env_steps"],
-                         r["episodes"], r["updates"], r["return"], r.get("command_s", "")])  # fmt: skip
+            rows.append(
+                [
+                    system,
+                    r["seed"],
+                    "yes" if r["solved"] else "no",
+                    r["wall_s"],
+                    r["env_steps"],
+                    r["episodes"],
+                    r["updates"],
+                    r["return"],
+                    r.get("command_s", ""),
+                ]
+            )
     head = ["system", "seed", "solved", "loop s", "env steps", "episodes", "updates", "return", "command s"]
-    title = (f"Solving CartPole-v1 (mean of the last 100 counted episodes >= 475; cap {plan.cap:,} steps; baseline "
-             f"epsilon 1 -> 0.02 over {int(plan.explore_frac * plan.cap):,} steps)")  # fmt: skip
+    title = (
+        f"Solving CartPole-v1 (mean of the last 100 counted episodes >= 475; cap {plan.cap:,} steps; baseline "
+        f"epsilon 1 -> 0.02 over {int(plan.explore_frac * plan.cap):,} steps)"
+    )
     C.table(head, rows, title=title)
     dt, base = solve["disttrain"], solve["baseline"]
-    med = {"disttrain_wall_s": _to_solve(dt, "wall_s"), "baseline_wall_s": _to_solve(base, "wall_s"),
-           "disttrain_command_s": _to_solve(dt, "command_s"), "disttrain_env_steps": _to_solve(dt, "env_steps"),
-           "baseline_env_steps": _to_solve(base, "env_steps")}  # fmt: skip
+    med = {
+        "disttrain_wall_s": _to_solve(dt, "wall_s"),
+        "baseline_wall_s": _to_solve(base, "wall_s"),
+        "disttrain_command_s": _to_solve(dt, "command_s"),
+        "disttrain_env_steps": _to_solve(dt, "env_steps"),
+        "baseline_env_steps": _to_solve(base, "env_steps"),
+    }
     med["ratio"] = med["disttrain_wall_s"] / med["baseline_wall_s"]  # inf / inf: nan (neither solves)
     n = len(plan.seeds)
     solved_dt, solved_b = (sum(bool(r.get("solved")) for r in runs) for runs in (dt, base))
     rows = [
-        ["disttrain loop (median)", med["disttrain_wall_s"], f"<= {SOLVE_GOAL_S:.0f} s",
-         C.verdict(med["disttrain_wall_s"], SOLVE_GOAL_S, higher_is_better=False), f"{solved_dt}/{n}",
-         med["disttrain_env_steps"]],
+        [
+            "disttrain loop (median)",
+            med["disttrain_wall_s"],
+            f"<= {SOLVE_GOAL_S:.0f} s",
+            C.verdict(med["disttrain_wall_s"], SOLVE_GOAL_S, higher_is_better=False),
+            f"{solved_dt}/{n}",
+            med["disttrain_env_steps"],
+        ],
         ["disttrain whole command (median)", med["disttrain_command_s"], "", "", "", ""],
         ["baseline loop (median)", med["baseline_wall_s"], "", "", f"{solved_b}/{n}", med["baseline_env_steps"]],
-        ["ratio disttrain / baseline", med["ratio"], f"<= {RATIO_GOAL}",
-         C.verdict(med["ratio"], RATIO_GOAL, higher_is_better=False), "", ""],
-    ]  # fmt: skip
+        [
+            "ratio disttrain / baseline",
+            med["ratio"],
+            f"<= {RATIO_GOAL}",
+            C.verdict(med["ratio"], RATIO_GOAL, higher_is_better=False),
+            "",
+            "",
+        ],
+    ]
     title = f"Time to solve, median of seeds {', '.join(map(str, plan.seeds))} (a seed not solved counts as inf)"
     C.table(["time to solve", "seconds / ratio", "goal", "", "solved", "env steps (median)"], rows, title=title)
     return {k: v if math.isfinite(v) else None for k, v in med.items()}

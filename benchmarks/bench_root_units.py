@@ -63,8 +63,15 @@ def main(argv: list[str]) -> None:
         if "error" in got:
             raise SystemExit(f"{setting}: {got['error']}")
         out[setting] = {"planned_peak": plan.total, "planned_gathered": plan.gathered, **got}
-        rows.append([setting, f"{plan.gathered / 2**20:.1f}", f"{plan.total / 2**20:.1f}",
-                     f"{got['peak'] / 2**20:.1f}", f"{got['step_s'] * 1e3:.0f}"])  # fmt: skip
+        rows.append(
+            [
+                setting,
+                f"{plan.gathered / 2**20:.1f}",
+                f"{plan.total / 2**20:.1f}",
+                f"{got['peak'] / 2**20:.1f}",
+                f"{got['step_s'] * 1e3:.0f}",
+            ]
+        )
     C.table(["root_units", "plan: gathered MiB", "plan: peak MiB", "measured peak MiB", "step ms"], rows)
     saved = out["one"]["peak"] - out["split"]["peak"]
     planned = out["one"]["planned_peak"] - out["split"]["planned_peak"]

@@ -151,12 +151,38 @@ def tiny_cli_args(
     and no sample, a metrics record every step. ``extra`` comes last (run folder, faults, overrides).
     """
     layers, width, heads = model
-    args = ["run", "--data.path", str(data), "--model.n-layers", str(layers), "--model.d-model", str(width),
-            "--model.n-heads", str(heads), "--model.context", "32", "--train.steps", str(steps)]  # fmt: skip
+    args = [
+        "run",
+        "--data.path",
+        str(data),
+        "--model.n-layers",
+        str(layers),
+        "--model.d-model",
+        str(width),
+        "--model.n-heads",
+        str(heads),
+        "--model.context",
+        "32",
+        "--train.steps",
+        str(steps),
+    ]
     if job:
-        args += ["--train.global-batch", "16", "--train.micro-batch", "8", "--train.eval-interval", "0",
-                 "--train.generate-chars", "0", "--precision.dtype", "fp32", "--metrics.log-interval", "1",
-                 "--metrics.peak-tflops", "1"]  # fmt: skip
+        args += [
+            "--train.global-batch",
+            "16",
+            "--train.micro-batch",
+            "8",
+            "--train.eval-interval",
+            "0",
+            "--train.generate-chars",
+            "0",
+            "--precision.dtype",
+            "fp32",
+            "--metrics.log-interval",
+            "1",
+            "--metrics.peak-tflops",
+            "1",
+        ]
     return [*args, *extra]
 
 

@@ -38,8 +38,11 @@ def trainer(servers: list[str], scheme: str) -> dict[str, Any]:
         grads = torch.randn(96, 1, dim, generator=gen)
         group.push(ids, grads)
         dense.push(ids.reshape(-1), grads.reshape(-1, dim))
-    return {"pulls_equal": pulls_equal, "tables_equal": torch.equal(client.full(), dense.weight),
-            "bytes_moved": group.bytes_moved}  # fmt: skip
+    return {
+        "pulls_equal": pulls_equal,
+        "tables_equal": torch.equal(client.full(), dense.weight),
+        "bytes_moved": group.bytes_moved,
+    }
 
 
 def combined(servers: list[str]) -> dict[str, Any]:
@@ -50,8 +53,9 @@ def combined(servers: list[str]) -> dict[str, Any]:
     client.create(optimizer="sgd", lr=0.1, seed=5)
     dense = ShardTable(torch.arange(rows), dim, optimizer="sgd", lr=0.1, seed=5)
     gen = torch.Generator().manual_seed(1)
-    pushes = [(torch.randint(0, rows, (50_000,), generator=gen), torch.randn(50_000, dim, generator=gen))
-              for _ in range(n)]  # fmt: skip
+    pushes = [
+        (torch.randint(0, rows, (50_000,), generator=gen), torch.randn(50_000, dim, generator=gen)) for _ in range(n)
+    ]
     before = transport.call(servers[0], server.push_stats)
     futs = [transport.call_async(servers[0], server.push_many, ["big"], r, g, [len(r)]) for r, g in pushes]
     held = [transport.wait(f, servers[0], server.push_many) for f in futs]

@@ -23,10 +23,10 @@ from disttrain.checkpoint import CheckpointManager
 from disttrain.config import from_dict
 from disttrain.data.loader import collate, to_device
 from disttrain.data.text import load_text_data
+from disttrain.models.outputs import logits_of
 from disttrain.parallel.env import destroy_distributed, init_distributed
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.mesh import resolve_strategy
-from disttrain.models.outputs import logits_of
 from disttrain.train.trainer import Trainer
 
 
@@ -44,8 +44,11 @@ def fsdp_schedule(model: torch.nn.Module) -> dict[str, Any]:
                 "reshard": bool(group.post_forward_mesh_info is not None) if group else None,
             }
         )
-    groups = {id(m._get_fsdp_state()._fsdp_param_group) for m in model.modules()  # type: ignore[operator]
-              if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None}  # fmt: skip
+    groups = {
+        id(m._get_fsdp_state()._fsdp_param_group)
+        for m in model.modules()  # type: ignore[operator]
+        if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None
+    }
     return {"blocks": out, "units": len(groups)}
 
 
@@ -161,6 +164,30 @@ def probe_applied(trainer: Trainer, batch: Any) -> dict[str, Any]:
     return out
 
 
+def poison_loss(trainer: Trainer, poison: dict[str, int], rank: int) -> None:
+    """The ``poison["call"]``-th loss on rank ``poison["rank"]`` is NaN."""
+    calls, inner = [0], trainer.loss_fn
+
+    def poisoned(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        loss = inner(logits, targets)
+        return loss * float("nan") if rank == poison["rank"] and calls[0] == poison["call"] else loss
+
+    trainer.loss_fn = poisoned
+
+
+def after_fit(spec: dict[str, Any], trainer: Trainer, fixed: Any) -> dict[str, Any]:
+    """What the spec asks to look at once training is done."""
+    out: dict[str, Any] = {}
+    if spec.get("inspect") == "after_fit":
+        out["inspect"] = inspect_model(trainer, fixed)
+    if spec.get("probe") == "after_fit":
+        out["probe"] = probe(trainer, fixed)
+    if spec.get("probe_applied"):
+        out["applied"] = probe_applied(trainer, fixed)
+    return out
+
+
 def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     cfg = from_dict(spec["config"])
     torch.manual_seed(cfg.train.seed)
@@ -170,8 +197,9 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     fixed = collate([text.val[i * 97] for i in range(8)])
     ckpt = None
     if "ckpt_folder" in spec:
-        ckpt = CheckpointManager(spec["ckpt_folder"], cfg.checkpoint, rank=env.rank, world_size=env.world_size,
-                                 strategy=strategy)  # fmt: skip
+        ckpt = CheckpointManager(
+            spec["ckpt_folder"], cfg.checkpoint, rank=env.rank, world_size=env.world_size, strategy=strategy
+        )
     trainer = Trainer(model, text.train, cfg, val_data=text.val, env=env, checkpoint=ckpt)
     out: dict[str, Any] = {"strategy": trainer.dims.strategy, "accum": trainer.plan.accum_steps}
     if spec.get("probe") == "after_resume":
@@ -183,23 +211,11 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     if trainer.dims.fsdp_enabled:
         out["schedule"] = fsdp_schedule(trainer.model.module)
     if "nan_at" in spec:  # {"rank": r, "call": k}: the k-th loss on rank r is NaN
-        poison, calls, inner = spec["nan_at"], [0], trainer.loss_fn
-
-        def poisoned(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            calls[0] += 1
-            loss = inner(logits, targets)
-            return loss * float("nan") if env.rank == poison["rank"] and calls[0] == poison["call"] else loss
-
-        trainer.loss_fn = poisoned
+        poison_loss(trainer, spec["nan_at"], env.rank)
     if spec.get("inspect") == "before_fit":
         out["inspect"] = inspect_model(trainer, fixed)
     res = trainer.fit()
-    if spec.get("inspect") == "after_fit":
-        out["inspect"] = inspect_model(trainer, fixed)
-    if spec.get("probe") == "after_fit":
-        out["probe"] = probe(trainer, fixed)
-    if spec.get("probe_applied"):
-        out["applied"] = probe_applied(trainer, fixed)
+    out.update(after_fit(spec, trainer, fixed))
     out.update(
         start_step=res.start_step,
         losses=res.losses,

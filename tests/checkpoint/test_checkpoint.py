@@ -27,12 +27,41 @@ pytestmark = pytest.mark.timeout(400)
 
 def tiny_args(data: Path, root: Path, name: str, *extra: str) -> list[str]:
     return [
-        "run", "--data.path", str(data), "--model.n-layers", "2", "--model.d-model", "64", "--model.n-heads", "4",
-        "--model.context", "32", "--train.steps", "12", "--train.global-batch", "16", "--train.micro-batch", "8",
-        "--train.eval-interval", "0", "--train.generate-chars", "0", "--precision.dtype", "fp32",
-        "--metrics.log-interval", "1", "--metrics.peak-tflops", "1", "--checkpoint.interval", "4",
-        "--run.root", str(root), "--run.name", name, *extra,
-    ]  # fmt: skip
+        "run",
+        "--data.path",
+        str(data),
+        "--model.n-layers",
+        "2",
+        "--model.d-model",
+        "64",
+        "--model.n-heads",
+        "4",
+        "--model.context",
+        "32",
+        "--train.steps",
+        "12",
+        "--train.global-batch",
+        "16",
+        "--train.micro-batch",
+        "8",
+        "--train.eval-interval",
+        "0",
+        "--train.generate-chars",
+        "0",
+        "--precision.dtype",
+        "fp32",
+        "--metrics.log-interval",
+        "1",
+        "--metrics.peak-tflops",
+        "1",
+        "--checkpoint.interval",
+        "4",
+        "--run.root",
+        str(root),
+        "--run.name",
+        name,
+        *extra,
+    ]
 
 
 def losses_by_step(run: Path) -> dict[int, float]:
@@ -95,8 +124,9 @@ def crash_then_resume(tmp: Path, small_text: Path, mode: str, fault: str) -> tup
 def crashes(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[str, tuple[Any, list[int], Any]]:
     """Every crash of CRASHES in a folder of its own, all at once (independent jobs; nothing here is timed)."""
     folders = [tmp_path_factory.mktemp("crash") for _ in CRASHES]
-    runs = together(*(functools.partial(crash_then_resume, f, small_text, m, x)
-                      for f, (m, x) in zip(folders, CRASHES, strict=True)))  # fmt: skip
+    runs = together(
+        *(functools.partial(crash_then_resume, f, small_text, m, x) for f, (m, x) in zip(folders, CRASHES, strict=True))
+    )
     return {f"{m}-{x}": r for (m, x), r in zip(CRASHES, runs, strict=True)}
 
 
@@ -179,8 +209,12 @@ def reshard(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         else:
             cfg["train"]["steps"] = 8
             cfg["checkpoint"] = {"interval": 0, "resume": resume, "save_final": "none"}
-        return {"name": name, "config": cfg, "ckpt_folder": str(folder),
-                "probe": "after_fit" if resume is None else "after_resume"}  # fmt: skip
+        return {
+            "name": name,
+            "config": cfg,
+            "ckpt_folder": str(folder),
+            "probe": "after_fit" if resume is None else "after_resume",
+        }
 
     f4, f2 = tmp / "fsdp4", tmp / "ddp2"
     from4 = str(f4 / "step-00000006")
@@ -193,9 +227,11 @@ def reshard(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         tmp,
         "fsdp2",
         2,
-        [spec("load4", "fsdp", 8, tmp / "x", resume=from4),
-         spec("load_ddp", "fsdp", 8, tmp / "y", resume=str(f2 / "step-00000006"))],
-    )  # fmt: skip
+        [
+            spec("load4", "fsdp", 8, tmp / "x", resume=from4),
+            spec("load_ddp", "fsdp", 8, tmp / "y", resume=str(f2 / "step-00000006")),
+        ],
+    )
     return out
 
 
@@ -365,8 +401,16 @@ def test_seed_checkpoint_starts_runs_of_any_world_size(tmp_path: Path, small_tex
 
 @pytest.mark.slow
 def test_process_async_mode_and_model_only_final_save(tmp_path: Path, small_text: Path) -> None:
-    extra = ["--checkpoint.async-mode", "process", "--checkpoint.save-final", "model_only",
-             "--checkpoint.export-dtype", "bf16", "--parallel.strategy", "fsdp"]  # fmt: skip
+    extra = [
+        "--checkpoint.async-mode",
+        "process",
+        "--checkpoint.save-final",
+        "model_only",
+        "--checkpoint.export-dtype",
+        "bf16",
+        "--parallel.strategy",
+        "fsdp",
+    ]
     proc = disttrain(*tiny_args(small_text, tmp_path, "p", *extra), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

@@ -35,9 +35,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two real 2-rank jobs, checkpointing at steps 4 and 8: one DDP (the default), one FSDP."""
     root = tmp_path_factory.mktemp("ckpt-runs")
     procs = together(
-        *(functools.partial(disttrain, "run", *TINY.split(), "--run.root", str(root), "--run.name", name, *extra)
-          for name, extra in (("ddp", []), ("fsdp", ["--parallel.strategy", "fsdp"])))
-    )  # fmt: skip
+        *(
+            functools.partial(disttrain, "run", *TINY.split(), "--run.root", str(root), "--run.name", name, *extra)
+            for name, extra in (("ddp", []), ("fsdp", ["--parallel.strategy", "fsdp"]))
+        )
+    )
     for proc in procs:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"ddp": root / "ddp", "fsdp": root / "fsdp"}

@@ -52,8 +52,13 @@ def rejected(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subpro
     """`disttrain run` with each of BAD_OPTIONS, from an empty folder of its own, two commands at a time (each is
     an interpreter and torch's import: one core): {the options: (the command, its folder)}."""
     folders = [tmp_path_factory.mktemp("rejected") for _ in BAD_OPTIONS]
-    done = together(*(functools.partial(disttrain, "run", *args, cwd=cwd)
-                      for (args, _), cwd in zip(BAD_OPTIONS, folders, strict=True)), at_once=2)  # fmt: skip
+    done = together(
+        *(
+            functools.partial(disttrain, "run", *args, cwd=cwd)
+            for (args, _), cwd in zip(BAD_OPTIONS, folders, strict=True)
+        ),
+        at_once=2,
+    )
     return {" ".join(args): (proc, cwd) for (args, _), proc, cwd in zip(BAD_OPTIONS, done, folders, strict=True)}
 
 

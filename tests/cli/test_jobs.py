@@ -68,9 +68,19 @@ def test_fsdp_job_from_toml_with_user_model_and_override(tmp_path: Path, small_t
         '[parallel]\nstrategy = "ddp"\n[metrics]\nlog_interval = 2\npeak_tflops = 1.0\n'
     )
     proc = disttrain(
-        "run", "--config", str(job), "--train.steps", "4", "--parallel.strategy", "fsdp",
-        "--parallel.forward-prefetch", "1", "--run.root", str(tmp_path / "runs"), cwd=tmp_path,
-    )  # fmt: skip
+        "run",
+        "--config",
+        str(job),
+        "--train.steps",
+        "4",
+        "--parallel.strategy",
+        "fsdp",
+        "--parallel.forward-prefetch",
+        "1",
+        "--run.root",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = only_run(tmp_path / "runs")
     summary = json.loads((run / "summary.json").read_text())
@@ -82,10 +92,29 @@ def test_fsdp_job_from_toml_with_user_model_and_override(tmp_path: Path, small_t
 
 def test_user_dataset_by_import_path(tmp_path: Path) -> None:
     proc = disttrain(
-        "run", "--model.module", "usermodel:build", "--data.module", "usermodel:dataset", "--train.steps", "100",
-        "--train.global-batch", "8", "--train.micro-batch", "4", "--optim.warmup-steps", "3", "--optim.lr", "1e-2",
-        "--train.eval-interval", "0", "--metrics.peak-tflops", "1", "--run.root", str(tmp_path), cwd=tmp_path,
-    )  # fmt: skip
+        "run",
+        "--model.module",
+        "usermodel:build",
+        "--data.module",
+        "usermodel:dataset",
+        "--train.steps",
+        "100",
+        "--train.global-batch",
+        "8",
+        "--train.micro-batch",
+        "4",
+        "--optim.warmup-steps",
+        "3",
+        "--optim.lr",
+        "1e-2",
+        "--train.eval-interval",
+        "0",
+        "--metrics.peak-tflops",
+        "1",
+        "--run.root",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
     assert summary["final_val_loss"] < 1.0  # the alphabet is easy to learn: proof the data reached the model

@@ -95,9 +95,18 @@ def test_an_in_process_job_keeps_large_buffers_instead_of_faulting_fresh_pages_e
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    faults = {m: int(subprocess.run([sys.executable, "-c", FRESH_PAGES, m], capture_output=True, text=True,
-                                    env={**env, "OMP_NUM_THREADS": "1"}, check=True).stdout)
-              for m in ("keep", "glibc")}  # fmt: skip
+    faults = {
+        m: int(
+            subprocess.run(
+                [sys.executable, "-c", FRESH_PAGES, m],
+                capture_output=True,
+                text=True,
+                env={**env, "OMP_NUM_THREADS": "1"},
+                check=True,
+            ).stdout
+        )
+        for m in ("keep", "glibc")
+    }
     # glibc's default maps each 48 MiB buffer afresh: its pages fault in every time (12k 4 KiB pages, or 24 huge
     # pages with transparent huge pages); kept in the heap, once it has grown, the next 20 buffers fault in nothing
     assert faults["glibc"] >= 20 * 20 and faults["keep"] < faults["glibc"] / 10, faults
@@ -120,7 +129,6 @@ def test_a_rank_says_why_it_stops_on_the_console_even_where_its_output_goes_to_a
     import sys
 
     log = tmp_path / "rank1.log"
-    proc = subprocess.run([sys.executable, "-c", CONSOLE, str(log), output], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", CONSOLE, str(log), output], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("rank 1: lost contact with B") == 1 and log.read_text() == "", (proc.stderr, output)

@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     pipe, env = subprocess.PIPE, {**child_env(), **(env or {})}
-    return subprocess.Popen([str(BIN / "disttrain"), *args], env=env, stdout=pipe, stderr=pipe, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [str(BIN / "disttrain"), *args], env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
+    )
 
 
 def wait_for_steps(run: Path, n: int) -> None:
@@ -39,8 +40,18 @@ def one_line(err: str) -> str:
 
 
 def job(tmp_path: Path, data: Path, name: str, steps: int = 2000) -> list[str]:
-    return tiny_cli_args(data, steps, "--run.root", str(tmp_path), "--run.name", name, "--checkpoint.interval", "4",
-                         "--metrics.progress", "off")  # fmt: skip
+    return tiny_cli_args(
+        data,
+        steps,
+        "--run.root",
+        str(tmp_path),
+        "--run.name",
+        name,
+        "--checkpoint.interval",
+        "4",
+        "--metrics.progress",
+        "off",
+    )
 
 
 def newest_checkpoint(run: Path) -> int:
@@ -80,7 +91,12 @@ def test_sigterm_saves_the_step_every_rank_finished_and_the_job_resumes_there(tm
     assert newest_checkpoint(run) == last, (newest_checkpoint(run), last)
     events = [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "preempted" and e["step"] == last for e in events), events
-    again = subprocess.run([str(BIN / "disttrain"), *job(tmp_path, small_text, "pre", last + 2)], env=child_env(),
-                           capture_output=True, text=True, timeout=200)  # fmt: skip
+    again = subprocess.run(
+        [str(BIN / "disttrain"), *job(tmp_path, small_text, "pre", last + 2)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert metric_steps(run) == list(range(1, last + 3))  # on from the saved step, none twice

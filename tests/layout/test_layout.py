@@ -39,8 +39,6 @@ LAYERS: dict[str, int] = {
     "disttrain.cli": 10,
     "disttrain": 11,  # the package's public face re-exports from everywhere
 }
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
 
 
 def module_name(path: Path) -> str:
@@ -101,8 +99,10 @@ def test_imports_only_point_down_the_layers() -> None:
             up = LAYERS[theirs] > LAYERS[mine]
             sideways = LAYERS[theirs] == LAYERS[mine] and theirs.split(".")[1:2] != mine.split(".")[1:2]
             if (up or sideways) and mine != "disttrain":
-                wrong.append(f"{path.relative_to(ROOT)}:{line} {me} (layer {LAYERS[mine]}) imports {target} "
-                             f"(layer {LAYERS[theirs]})")  # fmt: skip
+                wrong.append(
+                    f"{path.relative_to(ROOT)}:{line} {me} (layer {LAYERS[mine]}) imports {target} "
+                    f"(layer {LAYERS[theirs]})"
+                )
     assert not wrong, "imports against the flow:\n" + "\n".join(wrong)
 
 
@@ -151,22 +151,21 @@ def python_files() -> list[Path]:
     return [p for d in ("src", "benchmarks", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
 
 
-def long_functions(text: str) -> list[str]:
-    return [
-        f"{node.name} (line {node.lineno}): {(node.end_lineno or node.lineno) - node.lineno + 1} lines"
-        for node in ast.walk(ast.parse(text))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES
+def test_size_is_kept_by_complexity_rules_and_the_formatter_owns_layout() -> None:
+    """Functions are bounded by ruff's complexity rules (in ``make lint``), not by line counts; ``# fmt: skip``
+    appears only on a table that needs it, with its reason on the same line."""
+    import tomllib
+
+    lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert {"C90", "PLR0912", "PLR0915"} <= set(lint["select"])
+    assert lint["mccabe"]["max-complexity"] <= 10
+    bare = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in python_files()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if line.rstrip().endswith("# fmt: skip")
     ]
-
-
-@pytest.mark.parametrize("path", python_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_modules_and_functions_stay_small(path: Path) -> None:
-    text = path.read_text()
-    n = len(text.splitlines())
-    assert n <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)} has {n} lines (limit {MAX_MODULE_LINES}): split it"
-    long = long_functions(text)
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines in {path.relative_to(ROOT)}: {long}"
+    assert not bare, f"# fmt: skip without a reason (the formatter owns layout): {bare}"
 
 
 def test_every_module_says_what_it_owns() -> None:
@@ -185,8 +184,6 @@ def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
     found = imports_of(probe, mods, me="disttrain.parallel.probe")
     assert found == [(8, "disttrain.train.trainer")]
     assert LAYERS[layer_key(found[0][1])] > LAYERS[layer_key("disttrain.parallel.probe")]
-    assert long_functions("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES) == ["f (line 1): 61 lines"]
-    assert long_functions("def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)) == []
 
 
 def test_ruff_checks_every_source_file() -> None:

@@ -42,14 +42,32 @@ def fake_slurm(tmp: Path) -> dict[str, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return {**child_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77",
-            "SLURM_JOB_NODELIST": "node[1-2]", "DISTTRAIN_RDZV_PORT": str(port),
-            "SCONTROL_LOG": str(tmp / "scontrol.log")}  # fmt: skip
+    return {
+        **child_env(),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "DISTTRAIN_RDZV_PORT": str(port),
+        "SCONTROL_LOG": str(tmp / "scontrol.log"),
+    }
 
 
 def test_run_slurm_writes_a_script_that_trains_over_two_nodes(tmp_path: Path, small_text: Path) -> None:
-    args = tiny_cli_args(small_text, 4, "--run.root", str(tmp_path), "--run.name", "sl", "--parallel.nproc", "1",
-                         "--launch.nnodes", "2", "--metrics.progress", "off")  # fmt: skip
+    args = tiny_cli_args(
+        small_text,
+        4,
+        "--run.root",
+        str(tmp_path),
+        "--run.name",
+        "sl",
+        "--parallel.nproc",
+        "1",
+        "--launch.nnodes",
+        "2",
+        "--metrics.progress",
+        "off",
+    )
     proc = disttrain(*args, "--slurm")
     assert proc.returncode == 0, proc.stderr[-2000:]
     script = tmp_path / "sl.sbatch"
@@ -67,8 +85,10 @@ def test_run_slurm_writes_a_script_that_trains_over_two_nodes(tmp_path: Path, sm
 
 def test_launch_slurm_writes_a_script_for_a_users_program(tmp_path: Path) -> None:
     prog = tmp_path / "hello.py"
-    prog.write_text("import os, pathlib\nout = pathlib.Path(__file__).parent / f\"rank{os.environ['RANK']}.txt\"\n"
-                    "out.write_text(os.environ['WORLD_SIZE'] + ' ' + os.environ['LOCAL_RANK'])\n")  # fmt: skip
+    prog.write_text(
+        "import os, pathlib\nout = pathlib.Path(__file__).parent / f\"rank{os.environ['RANK']}.txt\"\n"
+        "out.write_text(os.environ['WORLD_SIZE'] + ' ' + os.environ['LOCAL_RANK'])\n"
+    )
     proc = disttrain("launch", "--slurm", "-n", "1", "--nnodes", "2", str(prog), "--flag")
     assert proc.returncode == 0, proc.stderr[-2000:]
     script = tmp_path / "hello.sbatch"
@@ -86,8 +106,9 @@ def test_the_time_limit_warning_saves_requeues_and_the_requeued_job_goes_on(tmp_
     assert disttrain(*args, "--slurm").returncode == 0
     env, done = fake_slurm(tmp_path), []
     for _ in range(2):  # the job, then its requeued self
-        job = subprocess.Popen(["bash", str(tmp_path / "rq.sbatch")], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+        job = subprocess.Popen(
+            ["bash", str(tmp_path / "rq.sbatch")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         before = len(metric_steps(run))
         deadline = time.monotonic() + 200
         while len(metric_steps(run)) < before + 4 and time.monotonic() < deadline:

@@ -113,8 +113,9 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_a_preempted_host_sav
         for r in (ra, rb):
             said = [x for x in r.stderr.splitlines() if x.startswith("disttrain: ")]
             assert r.returncode == 143 and len(said) == 1, (r.returncode, r.stderr[-3000:])
-            assert said[0].startswith(f"disttrain: terminated (SIGTERM) at step {last}; newest complete checkpoint: "
-                                      f"step {last};"), said  # fmt: skip
+            assert said[0].startswith(
+                f"disttrain: terminated (SIGTERM) at step {last}; newest complete checkpoint: step {last};"
+            ), said
         ra, rb = on_two_hosts(a, b, args)  # and again: on from the step both saved
         assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -155,8 +156,18 @@ def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resume
 
 def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_text: Path) -> None:
     run = tmp_path / "el"
-    args = job(small_text, tmp_path, "el", 12, "--parallel.strategy", "fsdp", "--launch.max-restarts", "1",
-               "--launch.elastic-wait-s", "5")  # fmt: skip
+    args = job(
+        small_text,
+        tmp_path,
+        "el",
+        12,
+        "--parallel.strategy",
+        "fsdp",
+        "--launch.max-restarts",
+        "1",
+        "--launch.elastic-wait-s",
+        "5",
+    )
     with two_hosts() as (a, b):
         nodes = ["--parallel.nproc", "2", "--launch.nnodes", "1:2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}"]
         procs = [h.disttrain(*args, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate((a, b))]
@@ -176,8 +187,18 @@ def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_tex
 
 def test_doctor_across_two_hosts_checks_the_rendezvous_clocks_and_the_link() -> None:
     with two_hosts() as (a, b):
-        procs = [h.disttrain("doctor", "--launch.nnodes", "2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}",
-                             "--launch.node-rank", str(r)) for r, h in enumerate((a, b))]  # fmt: skip
+        procs = [
+            h.disttrain(
+                "doctor",
+                "--launch.nnodes",
+                "2",
+                "--launch.rdzv-endpoint",
+                f"{a.addr}:{PORT}",
+                "--launch.node-rank",
+                str(r),
+            )
+            for r, h in enumerate((a, b))
+        ]
         ra, rb = finish(procs, timeout=200)
     assert ra.returncode == 0 and rb.returncode == 0, ra.stdout + ra.stderr[-2000:] + rb.stdout + rb.stderr[-2000:]
     lines = {x.split()[1]: x for x in ra.stdout.splitlines() if x[:4] in ("OK  ", "WARN", "FAIL")}

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from disttrain.config import JobConfig, from_dict, parse_bytes
-from disttrain.parallel.mesh import ParallelDims
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.parallel.mesh import ParallelDims
 from disttrain.plan.choose import decide
 from disttrain.plan.estimate import GiB, Layout, estimate, profile_model
 from disttrain.train.loss import cross_entropy
@@ -216,9 +216,15 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
 
 def test_run_prints_the_choice(tmp_path: object) -> None:
     p = disttrain(
-        "run", "--parallel.device", "cpu", "--parallel.device-memory", "420MiB", "--precision.dtype", "bf16",
+        "run",
+        "--parallel.device",
+        "cpu",
+        "--parallel.device-memory",
+        "420MiB",
+        "--precision.dtype",
+        "bf16",
         "--print-config",
-    )  # fmt: skip
+    )
     assert p.returncode == 0, p.stderr
     assert 'strategy = "fsdp"' in p.stdout and "# strategy fsdp: auto: DDP needs" in p.stdout
     assert JobConfig().parallel.strategy == "auto"

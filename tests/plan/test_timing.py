@@ -50,8 +50,13 @@ def machine(latency: float = 1e-4, bandwidth: float = 1e9, inter: float | None =
 def test_collectives_are_what_ddp_and_fsdp2_run() -> None:
     prof = tiny_profile()
     # 2 ranks, micro-batch 2, global batch 8: 2 micro-steps per optimizer step
-    cfg = from_dict({"train": {"micro_batch": 2, "global_batch": 8}, "precision": {"dtype": "fp32"},
-                     "parallel": {"root_units": "one"}})  # fmt: skip
+    cfg = from_dict(
+        {
+            "train": {"micro_batch": 2, "global_batch": 8},
+            "precision": {"dtype": "fp32"},
+            "parallel": {"root_units": "one"},
+        }
+    )
     assert unit_numels(prof, 2, 1) == (160, [72, 72, 72]) and unit_numels(prof, 2, 2) == (160, [144, 72])
     ddp = collectives("ddp", prof, cfg, 2, 1, 1)
     assert [(c.kind, c.nbytes, c.count) for c in ddp] == [("all_reduce", 376 * 4, 1), ("all_reduce", 16, 1)]
@@ -128,8 +133,9 @@ def test_the_profile_counts_the_elements_element_wise_operators_write() -> None:
     prof = profile_model(torch.nn.Sequential(Block()), sample, micro_batch=8, loss_fn=lambda out, _: out.sum())
     assert prof.forward_elements == 8 * 16 + 2 * 8 + 4 * 8 * 32 + 1
     # planned for CUDA's fused kernels: the same, and the log-sum-exp per query row (8 x 2 heads x 4 queries)
-    flash = profile_model(torch.nn.Sequential(Block()), sample, micro_batch=8, loss_fn=lambda out, _: out.sum(),
-                          attention="flash")  # fmt: skip
+    flash = profile_model(
+        torch.nn.Sequential(Block()), sample, micro_batch=8, loss_fn=lambda out, _: out.sum(), attention="flash"
+    )
     assert flash.forward_elements == prof.forward_elements + 8 * 2 * 4
 
 
@@ -165,8 +171,13 @@ def test_auto_picks_the_fastest_strategy_that_fits_and_says_both_numbers() -> No
     one_node = estimate(prof, cfg, Layout(2, 1, 64 * GiB), machine())
     assert one_node.choice == "ddp" and "it fits" in one_node.reason
     # bf16 gathers without resharding send 3 bytes per parameter, DDP's fp32 all-reduce 4: on a slow link
-    bf16 = from_dict({"train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "bf16"},
-                      "parallel": {"device": "cpu", "blocks_per_unit": 1}})  # fmt: skip
+    bf16 = from_dict(
+        {
+            "train": {"micro_batch": 8, "global_batch": 16},
+            "precision": {"dtype": "bf16"},
+            "parallel": {"device": "cpu", "blocks_per_unit": 1},
+        }
+    )
     big = gpt_profile(4, 1024, 8, 64, "bf16")
     slow = estimate(big, bf16, Layout(2, 1, 64 * GiB), machine(bandwidth=1e8))
     assert slow.choice == "fsdp_no_reshard", {k: t.predicted_s for k, t in slow.times.items()}
@@ -199,8 +210,13 @@ def test_a_tie_within_one_percent_goes_to_the_simpler_strategy() -> None:
 
 
 def test_forced_settings_are_kept() -> None:
-    cfg = from_dict({"parallel": {"device": "cpu", "strategy": "fsdp", "blocks_per_unit": 2, "forward_prefetch": 0},
-                     "train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "fp32"}})  # fmt: skip
+    cfg = from_dict(
+        {
+            "parallel": {"device": "cpu", "strategy": "fsdp", "blocks_per_unit": 2, "forward_prefetch": 0},
+            "train": {"micro_batch": 8, "global_batch": 16},
+            "precision": {"dtype": "fp32"},
+        }
+    )
     est = estimate(gpt_profile(24, 128, 4, 128), cfg, Layout(2, 1, 64 * GiB), machine())
     assert list(est.groupings["fsdp"]) == [2]
     assert decide(cfg, est).parallel == {"backward_prefetch": 1}  # only what was left to auto
@@ -236,8 +252,9 @@ def test_estimate_measure_keeps_the_median_efficiency_of_its_recent_runs() -> No
     assert flops_s > 2 * t.framework_s  # FLOPs dominate: the step says something about the efficiency
 
     def run(reached: float) -> str:  # measured steps whose FLOPs ran at `reached` of the peak
-        return learn_efficiency(est, {"ddp": {"step_s": flops_s * 0.5 / reached + t.framework_s + 0.01,
-                                              "comm_s": 0.01}})  # fmt: skip
+        return learn_efficiency(
+            est, {"ddp": {"step_s": flops_s * 0.5 / reached + t.framework_s + 0.01, "comm_s": 0.01}}
+        )
 
     assert "reached 0.80" in run(0.8) and load_machine().efficiency["fp32"] == pytest.approx(0.8)  # type: ignore[union-attr]
     run(0.6)

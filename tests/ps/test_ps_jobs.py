@@ -17,8 +17,24 @@ from disttrain.ps.clicks import ClickLog, write_criteo
 
 from conftest import BIN, child_env, disttrain, together
 
-SMALL = ["--tables", "1000", "500", "50", "--dim", "8", "--hidden", "16", "--steps", "8", "--eval-every", "0",
-         "--eval-samples", "2000", "--dense-lr", "0.01"]  # fmt: skip
+SMALL = [
+    "--tables",
+    "1000",
+    "500",
+    "50",
+    "--dim",
+    "8",
+    "--hidden",
+    "16",
+    "--steps",
+    "8",
+    "--eval-every",
+    "0",
+    "--eval-samples",
+    "2000",
+    "--dense-lr",
+    "0.01",
+]
 
 
 def ps_job(
@@ -33,8 +49,20 @@ def ps_job(
 
 # BSP over 2 trainers x 2 servers, 12 steps, server checkpoints every 4: the reference of the BSP equalities and
 # the clean run the killed runs must reproduce (one launch for both tests)
-TWO_BY_TWO = ["--trainers", "2", "--servers", "2", "--batch", "64", "--mode", "bsp", "--steps", "12",
-              "--checkpoint-every", "4"]  # fmt: skip
+TWO_BY_TWO = [
+    "--trainers",
+    "2",
+    "--servers",
+    "2",
+    "--batch",
+    "64",
+    "--mode",
+    "bsp",
+    "--steps",
+    "12",
+    "--checkpoint-every",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +91,26 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]
-    two = [*SMALL, "--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "12", "--run-root",
-           str(tmp_path / "nodes")]  # fmt: skip
-    other = subprocess.Popen([str(BIN / "disttrain"), "ps", *two, "--run-name", "n", *nodes, "1"], env=child_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    two = [
+        *SMALL,
+        "--trainers",
+        "2",
+        "--servers",
+        "2",
+        "--batch",
+        "64",
+        "--steps",
+        "12",
+        "--run-root",
+        str(tmp_path / "nodes"),
+    ]
+    other = subprocess.Popen(
+        [str(BIN / "disttrain"), "ps", *two, "--run-name", "n", *nodes, "1"],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc = disttrain("ps", *two, "--run-name", "n", *nodes, "0", timeout=200)
     _, err = other.communicate(timeout=60)
     assert proc.returncode == 0 and other.returncode == 0, proc.stderr[-2000:] + err[-2000:]
@@ -105,8 +149,26 @@ def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:
 def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
     data = tmp_path / "day_0.tsv"
     write_criteo(data, ClickLog([100] * 26, n_dense=13, seed=2), 600)
-    args = ["--data-path", str(data), "--tables", "100", "--trainers", "1", "--servers", "2", "--steps", "4",
-            "--batch", "64", "--eval-samples", "200", "--run-root", str(tmp_path), "--run-name", "criteo"]  # fmt: skip
+    args = [
+        "--data-path",
+        str(data),
+        "--tables",
+        "100",
+        "--trainers",
+        "1",
+        "--servers",
+        "2",
+        "--steps",
+        "4",
+        "--batch",
+        "64",
+        "--eval-samples",
+        "200",
+        "--run-root",
+        str(tmp_path),
+        "--run-name",
+        "criteo",
+    ]
     # server0 (rank 1) dies applying step 3: the restarted job resumes after step 2 and reads the file on
     # from there, so its last steps equal the uninterrupted run's
     kill = {"DISTTRAIN_FAULT": "ps_server_kill:3:1"}
@@ -166,8 +228,20 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(
 @pytest.mark.timeout(300)
 def test_the_default_job_learns_the_click_model(tmp_path: Path) -> None:
     """The default tables and 2 x 2 layout, seeded, 60 of the default 400 steps: AUC >= 0.75 already."""
-    proc = disttrain("ps", "--steps", "60", "--eval-every", "0", "--eval-samples", "4000", "--run-root", str(tmp_path),
-                     "--run-name", "default", timeout=240)  # fmt: skip
+    proc = disttrain(
+        "ps",
+        "--steps",
+        "60",
+        "--eval-every",
+        "0",
+        "--eval-samples",
+        "4000",
+        "--run-root",
+        str(tmp_path),
+        "--run-name",
+        "default",
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads((tmp_path / "default" / "summary.json").read_text())["final"]
     assert final["auc"] >= 0.75 and final["auc"] < final["ceiling_auc"], final

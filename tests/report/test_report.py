@@ -26,13 +26,33 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("report")
-    common = ["--run.root", str(root), "--checkpoint.interval", "3", "--metrics.progress", "off",
-              "--train.eval-interval", "3"]  # fmt: skip
+    common = [
+        "--run.root",
+        str(root),
+        "--checkpoint.interval",
+        "3",
+        "--metrics.progress",
+        "off",
+        "--train.eval-interval",
+        "3",
+    ]
     one, two = together(
         lambda: disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "one", "--parallel.nproc", "1")),
-        lambda: disttrain(*tiny_cli_args(small_text, 6, *common, "--run.name", "ddp", "--parallel.nproc", "2",
-                                         "--parallel.strategy", "ddp", "--metrics.tensorboard")),
-    )  # fmt: skip
+        lambda: disttrain(
+            *tiny_cli_args(
+                small_text,
+                6,
+                *common,
+                "--run.name",
+                "ddp",
+                "--parallel.nproc",
+                "2",
+                "--parallel.strategy",
+                "ddp",
+                "--metrics.tensorboard",
+            )
+        ),
+    )
     assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
     return root / "one", root / "ddp"
 
@@ -50,8 +70,17 @@ def test_a_two_run_report_has_every_plot_and_the_runs_numbers(runs: tuple[Path, 
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "cmp" / "report.html").read_text()
     plots = set(re.findall(r'data-plot="([^"]+)"', page))
-    want = {"loss", "loss_vs_tokens", "grad_norm", "lr", "tokens_per_s", "mfu", "step_time_s", "peak_memory_bytes",
-            "checkpoints"}  # fmt: skip
+    want = {
+        "loss",
+        "loss_vs_tokens",
+        "grad_norm",
+        "lr",
+        "tokens_per_s",
+        "mfu",
+        "step_time_s",
+        "peak_memory_bytes",
+        "checkpoints",
+    }
     assert want <= plots, plots
     assert {p.stem for p in (tmp_path / "cmp" / "plots").glob("*.png")} == plots
     table = cells(page)
@@ -98,10 +127,20 @@ def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
     if exe is None:
         pytest.skip("no chromium (Debian package `chromium`; `make setup` installs it as root)")
     # 3 s of virtual time for scripts and images, less than the live page's refresh (it would reload)
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
-             f"--user-data-dir={profile}"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=3000",
+        f"--user-data-dir={profile}",
+    ]
     return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=90)
 
 
@@ -123,8 +162,12 @@ def test_chromium_shows_the_report_from_disk_and_live(runs: tuple[Path, Path], t
     page = run / "report" / "report.html"
     n = len(list((run / "report" / "plots").glob("*.png")))
     check_in_browser(page.as_uri(), tmp_path / "disk.png", n)
-    server = subprocess.Popen([str(BIN / "disttrain"), "report", "--live", "--port", "0", "--refresh-s", "10",
-                               str(run)], env=child_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [str(BIN / "disttrain"), "report", "--live", "--port", "0", "--refresh-s", "10", str(run)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         line = server.stdout.readline()

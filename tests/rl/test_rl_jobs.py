@@ -19,8 +19,9 @@ RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
 
 
 def rl_job(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None, ok: bool = True) -> Any:
-    proc = disttrain("rl", "--run-root", str(tmp), "--run-name", name, "--log-every-s", "2", *args, timeout=240,
-                     env=env)  # fmt: skip
+    proc = disttrain(
+        "rl", "--run-root", str(tmp), "--run-name", name, "--log-every-s", "2", *args, timeout=240, env=env
+    )
     if ok:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
@@ -83,7 +84,7 @@ def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path:
         "500",
         "--spare-actors",
         "1",
-    ]  # fmt: skip  (an idle spare leaves when the learner stops)
+    ]  # (an idle spare leaves when the learner stops)
     kill = {"DISTTRAIN_FAULT": "rl_learner_kill:250:0"}
     proc = rl_job(tmp_path, "lrn", *args, env=kill, ok=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -102,8 +103,9 @@ def test_bad_rl_options_are_one_line(tmp_path: Path) -> None:
         (["--env-id", "Pendulum-v1"], "needs a discrete action space"),
         (["--actors", "0"], "rl.actors must be >= 1, got 0"),
     ]
-    procs = together(*(functools.partial(disttrain, "rl", *args, "--run-root", str(tmp_path), timeout=60)
-                       for args, _ in cases))  # fmt: skip
+    procs = together(
+        *(functools.partial(disttrain, "rl", *args, "--run-root", str(tmp_path), timeout=60) for args, _ in cases)
+    )
     for (_, message), proc in zip(cases, procs, strict=True):
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -115,10 +117,27 @@ def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    args = ["rl", "--max-env-steps", "8000", "--run-root", str(tmp_path), "--run-name", "two", "--launch.nnodes", "2",
-            "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]  # fmt: skip
-    other = subprocess.Popen([str(BIN / "disttrain"), *args, "1"], env=child_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    args = [
+        "rl",
+        "--max-env-steps",
+        "8000",
+        "--run-root",
+        str(tmp_path),
+        "--run-name",
+        "two",
+        "--launch.nnodes",
+        "2",
+        "--launch.rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--launch.node-rank",
+    ]
+    other = subprocess.Popen(
+        [str(BIN / "disttrain"), *args, "1"],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc = disttrain(*args, "0", timeout=200)
     _, err = other.communicate(timeout=60)
     assert proc.returncode == 0 and other.returncode == 0, proc.stderr[-2000:] + err[-2000:]

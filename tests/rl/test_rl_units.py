@@ -31,8 +31,16 @@ def test_n_step_returns_bootstrap_on_time_limits_and_not_on_terminal_states() ->
     f.add(obs[2], np.array([0, 1]), np.array([3.0, 30.0]), obs[3], no, np.array([False, True]))
     batch, episodes = f.take()
     assert batch is not None
-    got = sorted(zip(batch["obs"][:, 0].tolist(), batch["reward"].tolist(), batch["next_obs"][:, 0].tolist(),
-                     batch["done"].tolist(), batch["discount"].tolist(), strict=True))  # fmt: skip
+    got = sorted(
+        zip(
+            batch["obs"][:, 0].tolist(),
+            batch["reward"].tolist(),
+            batch["next_obs"][:, 0].tolist(),
+            batch["done"].tolist(),
+            batch["discount"].tolist(),
+            strict=True,
+        )
+    )
     # env 0: terminal after 2 steps (no bootstrap); then one step of a new episode still pending
     # env 1: full 2-step returns, then a time limit (bootstrapped from the final observation, g^1)
     assert (0.0, 1.0 + g * 2.0, 2.0, 1.0, g**2) in got and (1.0, 2.0, 2.0, 1.0, g) in got
@@ -79,9 +87,14 @@ def test_learner_side_batched_inference_gives_the_actions_actor_side_inference_g
 
 def _experience(n: int, seed: int) -> dict[str, object]:
     g = torch.Generator().manual_seed(seed)
-    batch = {"obs": torch.randn(n, 4, generator=g), "action": torch.randint(0, 2, (n,), generator=g),
-             "reward": torch.ones(n), "next_obs": torch.randn(n, 4, generator=g), "done": torch.zeros(n),
-             "discount": torch.full((n,), 0.99**3)}  # fmt: skip
+    batch = {
+        "obs": torch.randn(n, 4, generator=g),
+        "action": torch.randint(0, 2, (n,), generator=g),
+        "reward": torch.ones(n),
+        "next_obs": torch.randn(n, 4, generator=g),
+        "done": torch.zeros(n),
+        "discount": torch.full((n,), 0.99**3),
+    }
     return {"actor": 2, "steps": n, "version": 0, "episodes": [(float(seed), 10)], "batch": batch}
 
 
@@ -95,8 +108,9 @@ def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: 
             pass
     assert a.c.updates > 0 and len(a.replay) == 500 and a.c.env_steps == 800
     state.save(tmp_path, a)
-    b = Learner(RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True, seed=5),
-                EnvSpec(4, 2))  # fmt: skip
+    b = Learner(
+        RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True, seed=5), EnvSpec(4, 2)
+    )
     assert state.resume(tmp_path, b) is not None
     for k in ("env_steps", "episodes", "updates", "version"):
         assert getattr(b.c, k) == getattr(a.c, k), k
@@ -110,10 +124,13 @@ def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: 
     assert torch.equal(sa[1], sb[1]) and torch.equal(sa[0]["obs"], sb[0]["obs"])
 
 
-@pytest.mark.parametrize(("env_id", "message"), [
-    ("Nope-v0", "rl.env_id 'Nope-v0': Environment `Nope` doesn't exist"),
-    ("Pendulum-v1", "disttrain rl needs a discrete action space"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("Nope-v0", "rl.env_id 'Nope-v0': Environment `Nope` doesn't exist"),
+        ("Pendulum-v1", "disttrain rl needs a discrete action space"),
+    ],
+)
 def test_an_unusable_environment_is_one_clear_error(env_id: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         env_spec(env_id)

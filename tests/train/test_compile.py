@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from disttrain.parallel.blocks import find_blocks
-from disttrain.parallel.compile import AUTO, apply_compile, resolve_compile
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.parallel.blocks import find_blocks
+from disttrain.parallel.compile import AUTO, apply_compile, resolve_compile
 
 from conftest import FP32, tiny_config
 

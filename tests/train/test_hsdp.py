@@ -31,8 +31,11 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
             folder, what = ckpt
             save = what == "save"
             cfg["train"]["steps"] = 6 if save else 8
-            cfg["checkpoint"] = {"interval": 0, "resume": "never" if save else what,
-                                 "save_final": "full" if save else "none"}  # fmt: skip
+            cfg["checkpoint"] = {
+                "interval": 0,
+                "resume": "never" if save else what,
+                "save_final": "full" if save else "none",
+            }
             spec.update(ckpt_folder=str(folder), probe="after_fit" if save else "after_resume")
         return spec
 
@@ -124,8 +127,9 @@ def test_activation_checkpointing_and_offload_change_memory_not_numbers(results:
         assert_close(losses(results["two"][0], variant), losses(results["two"][0], "fsdp"), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("target", "variant", "source"), [("hsdp4", "load_fsdp", "two"),
-                                                           ("fsdp_from_hsdp", "load_hsdp", "hsdp4")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("target", "variant", "source"), [("hsdp4", "load_fsdp", "two"), ("fsdp_from_hsdp", "load_hsdp", "hsdp4")]
+)
 def test_checkpoints_move_between_hsdp_and_fsdp(
     results: dict[str, Any], target: str, variant: str, source: str
 ) -> None:

@@ -19,9 +19,9 @@ from disttrain.checkpoint.pretrained import load_pretrained
 from disttrain.config import from_dict
 from disttrain.data.loader import collate
 from disttrain.data.text import load_text_data
-from disttrain.parallel.meta_init import materialize
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.models.outputs import logits_of, loss_of
+from disttrain.parallel.meta_init import materialize
 from disttrain.train.loss import Objective, cross_entropy
 
 from conftest import disttrain, run_scenario, tiny_cli_args, tiny_config, together
@@ -157,10 +157,13 @@ def variants(data: Path, strategy: str, weights: Path) -> list[dict[str, Any]]:
     out = [{"name": m, "config": hf_job(data, m, parallel=par)} for m in MODELS]
     out += [
         {"name": "own_loss", "config": hf_job(data, "gpt2", parallel=par, model={"loss": "model"})},
-        {"name": "weights", "inspect": "before_fit",
-         "config": hf_job(data, "gpt2", parallel=par, model={"weights": str(weights)}, train={"steps": 1})},
+        {
+            "name": "weights",
+            "inspect": "before_fit",
+            "config": hf_job(data, "gpt2", parallel=par, model={"weights": str(weights)}, train={"steps": 1}),
+        },
         {"name": "partial", "config": hf_job(data, "partial", parallel=par)},
-    ]  # fmt: skip
+    ]
     if strategy == "fsdp":
         out += [
             {"name": "accum", "config": hf_job(data, "gpt2", parallel=par, train={"micro_batch": 2})},
@@ -183,9 +186,11 @@ def results(
     tmp = tmp_path_factory.mktemp("models")
     runs = [("single", 1, "single"), ("ddp2", 2, "ddp"), ("fsdp2", 2, "fsdp")]
     done = together(
-        *(functools.partial(run_scenario, tmp, name, n, variants(small_text, strategy, weights_dir), timeout=400)
-          for name, n, strategy in runs)
-    )  # fmt: skip
+        *(
+            functools.partial(run_scenario, tmp, name, n, variants(small_text, strategy, weights_dir), timeout=400)
+            for name, n, strategy in runs
+        )
+    )
     return {name: result for (name, _, _), result in zip(runs, done, strict=True)}
 
 
@@ -236,13 +241,26 @@ def test_pretrained_weights_load_into_shards_and_ties_hold(
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_run_exports_to_a_folder_from_pretrained_loads(tmp_path: Path, small_text: Path, weights_dir: Path) -> None:
-    run = ["--model.module", "hf_models:gpt2", "--model.weights", str(weights_dir), "--parallel.strategy", "fsdp",
-           "--run.root", str(tmp_path), "--run.name", "hf", "--checkpoint.interval", "3"]  # fmt: skip
+    run = [
+        "--model.module",
+        "hf_models:gpt2",
+        "--model.weights",
+        str(weights_dir),
+        "--parallel.strategy",
+        "fsdp",
+        "--run.root",
+        str(tmp_path),
+        "--run.name",
+        "hf",
+        "--checkpoint.interval",
+        "3",
+    ]
     proc = disttrain(*tiny_cli_args(small_text, 3, *run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "export"
-    proc = disttrain("ckpt", "export", str(tmp_path / "hf"), "--format", "hf", "--config-from", str(weights_dir),
-                     "--out", str(out))  # fmt: skip
+    proc = disttrain(
+        "ckpt", "export", str(tmp_path / "hf"), "--format", "hf", "--config-from", str(weights_dir), "--out", str(out)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, info = transformers.GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
@@ -262,11 +280,15 @@ def test_a_run_exports_to_a_folder_from_pretrained_loads(tmp_path: Path, small_t
 @pytest.mark.timeout(300)
 def test_bad_weights_and_incomplete_meta_init_stop_with_one_line(tmp_path: Path, small_text: Path) -> None:
     base = ["--run.root", str(tmp_path), "--parallel.strategy", "fsdp"]
-    proc = disttrain(*tiny_cli_args(small_text, 2, *base, "--model.module", "hf_models:gpt2",
-                                    "--model.weights", str(tmp_path / "nope")))  # fmt: skip
+    proc = disttrain(
+        *tiny_cli_args(
+            small_text, 2, *base, "--model.module", "hf_models:gpt2", "--model.weights", str(tmp_path / "nope")
+        )
+    )
     assert proc.returncode == 2 and "model.weights" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = disttrain(*tiny_cli_args(small_text, 2, *base, "--model.module", "hf_models:partial",
-                                    "--parallel.init", "meta"))  # fmt: skip
+    proc = disttrain(
+        *tiny_cli_args(small_text, 2, *base, "--model.module", "hf_models:partial", "--parallel.init", "meta")
+    )
     assert proc.returncode != 0 and "never initialised (blocks.0.gain, blocks.1.gain)" in proc.stderr, proc.stderr
     assert "--parallel.init cpu" in proc.stderr and "Traceback" not in proc.stderr

@@ -13,10 +13,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from disttrain.config import ParallelConfig
+from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.env import destroy_distributed
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategy import parallelize
-from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.summary import ROOT, ModelSummary, ModuleRow, ShardUnit, model_summary, render, summarize
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,11 +15,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from disttrain.config import JobConfig, TrainConfig, from_dict, load_toml, resolve_batch, to_toml
 from disttrain.config.typecheck import coerce
 from disttrain.data.loader import GlobalBatchLoader
+from disttrain.errors import ConfigError
+from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.blocks import outer_units, split_root
 from disttrain.parallel.fsdp import find_blocks, reshard_flag
 from disttrain.parallel.meta_init import materialize
-from disttrain.errors import ConfigError
-from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.train.optim import lr_lambda
 
 pytestmark = pytest.mark.timeout(60)

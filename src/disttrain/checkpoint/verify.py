@@ -75,26 +75,40 @@ def _check_items(ckpt: Path, md: Metadata, missing: set[str]) -> tuple[list[Prob
         by_file.setdefault(si.relative_path, []).append((idx, si))
     reader, n_read = FileSystemReader(ckpt), 0
     for rel, items in sorted(by_file.items()):
-        path = ckpt / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            out.append(Problem(".metadata", f"points outside the checkpoint folder ({rel!r})"))
-            continue
-        if not path.is_file():
-            if rel not in missing:
-                out.append(Problem(rel, f"missing: .metadata says it holds {len(items)} items"))
-            continue
-        bad, size = [], path.stat().st_size
-        with open(path, "rb") as f:
-            for idx, si in sorted(items, key=lambda it: it[1].offset):
-                try:
-                    obj = _load_item(f, size, si, reader)
-                    _match(obj, md.state_dict_metadata.get(idx.fqn), idx)
-                    n_read += 1
-                except Exception as e:
-                    bad.append(f"{idx.fqn} ({first_line(e)})")
-        if bad:
-            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-            out.append(Problem(rel, f"{len(bad)} of {len(items)} stored items unreadable: {'; '.join(bad[:3])}{more}"))
+        problem, n = _check_file(ckpt, rel, items, rel in missing, md, reader)
+        out += [problem] if problem else []
+        n_read += n
+    out += _check_coverage(md)
+    return out, n_read
+
+
+def _check_file(
+    ckpt: Path, rel: str, items: list[tuple[MetadataIndex, Any]], known_missing: bool, md: Metadata, reader: Any
+) -> tuple[Problem | None, int]:
+    """One data file read back item by item: its problem (if any) and how many items matched."""
+    path = ckpt / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        return Problem(".metadata", f"points outside the checkpoint folder ({rel!r})"), 0
+    if not path.is_file():
+        return (None if known_missing else Problem(rel, f"missing: .metadata says it holds {len(items)} items")), 0
+    bad, size, n_read = [], path.stat().st_size, 0
+    with open(path, "rb") as f:
+        for idx, si in sorted(items, key=lambda it: it[1].offset):
+            try:
+                obj = _load_item(f, size, si, reader)
+                _match(obj, md.state_dict_metadata.get(idx.fqn), idx)
+                n_read += 1
+            except Exception as e:
+                bad.append(f"{idx.fqn} ({first_line(e)})")
+    if not bad:
+        return None, n_read
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return Problem(rel, f"{len(bad)} of {len(items)} stored items unreadable: {'; '.join(bad[:3])}{more}"), n_read
+
+
+def _check_coverage(md: Metadata) -> list[Problem]:
+    """Tensors whose stored chunks do not cover them."""
+    out = []
     for fqn, entry in md.state_dict_metadata.items():
         if isinstance(entry, TensorStorageMetadata):
             covered = sum(torch.Size(c.sizes).numel() for c in entry.chunks)
@@ -104,7 +118,7 @@ def _check_items(ckpt: Path, md: Metadata, missing: set[str]) -> tuple[list[Prob
                 out.append(
                     Problem(".metadata", f"{fqn}: chunks do not cover the tensor {list(entry.size)} or are not stored")
                 )
-    return out, n_read
+    return out
 
 
 def _match(obj: Any, entry: Any, idx: MetadataIndex) -> None:

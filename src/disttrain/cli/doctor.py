@@ -10,8 +10,9 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="disttrain doctor", description="Is this machine (or cluster) ready to train?")
     p.add_argument("-n", "--nproc", type=int, default=None, help="local processes for the test (default: GPUs or 2)")
-    p.add_argument("--nnodes", "--launch.nnodes", default="1",
-                   help="nodes taking part (run doctor on each, same --rdzv-endpoint)")  # fmt: skip
+    p.add_argument(
+        "--nnodes", "--launch.nnodes", default="1", help="nodes taking part (run doctor on each, same --rdzv-endpoint)"
+    )
     p.add_argument("--node-rank", "--launch.node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", "--launch.rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     p.add_argument("--port", type=int, default=None, help="check that this port is free")

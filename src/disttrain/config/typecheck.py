@@ -73,23 +73,31 @@ def _fit(value: Any, hint: Any, key: str) -> Any:
     if origin in _SEQUENCES or hint in _SEQUENCES:
         return _fit_sequence(value, origin or hint, args, key)
     if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            return _NO
-        kt, vt = args or (Any, Any)
-        return {coerce(k, kt, f"{key} (a key)"): coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+        return _fit_dict(value, args, key)
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        if isinstance(value, hint):
-            return value
-        if not isinstance(value, dict):
-            return _NO
-        names = {f.name for f in dataclasses.fields(hint)}
-        unknown = sorted(set(value) - names)
-        if unknown:
-            raise ConfigError(f"unknown key {key}.{unknown[0]}; known: {', '.join(sorted(names))}")
-        return hint(**check_fields(hint, value, key))
+        return _fit_dataclass(value, hint, key)
     if isinstance(hint, type):
         return value if isinstance(value, hint) else _NO
     return value  # a form this does not know: the dataclass's own checks decide
+
+
+def _fit_dict(value: Any, args: tuple[Any, ...], key: str) -> Any:
+    if not isinstance(value, dict):
+        return _NO
+    kt, vt = args or (Any, Any)
+    return {coerce(k, kt, f"{key} (a key)"): coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+
+
+def _fit_dataclass(value: Any, hint: type, key: str) -> Any:
+    if isinstance(value, hint):
+        return value
+    if not isinstance(value, dict):
+        return _NO
+    names = {f.name for f in dataclasses.fields(hint)}  # type: ignore[arg-type]
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise ConfigError(f"unknown key {key}.{unknown[0]}; known: {', '.join(sorted(names))}")
+    return hint(**check_fields(hint, value, key))
 
 
 def _fit_scalar(value: Any, hint: type) -> Any:

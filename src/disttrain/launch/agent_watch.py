@@ -66,6 +66,10 @@ class AgentWatch:
                 continue
             idle_since = idle_since or time.monotonic()
             if time.monotonic() - idle_since >= self.grace_s and not self._stop.is_set():
-                print(f"disttrain: leaving without torchrun's agent, which cannot reach the rendezvous at "
-                      f"{self.endpoint} to wind down", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"disttrain: leaving without torchrun's agent, which cannot reach the rendezvous at "
+                    f"{self.endpoint} to wind down",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 exit_now(PEER_LOST_EXIT)

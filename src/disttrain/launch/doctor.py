@@ -316,8 +316,10 @@ def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
     for key, where in (("intra", "over {n} ranks"), ("inter", "across {n} nodes")):
         if (f := measured.get(key)) is not None:
             reach = fmt_bytes(f.size_for(0.8, f.nranks), 1)
-            parts.append(f"all-gather {where.format(n=f.nranks)}: latency {f.latency_s * 1e6:.0f} us, "
-                         f"{f.bandwidth_Bps / 1e9:.2f} GB/s; reaches 80% of it from {reach}")  # fmt: skip
+            parts.append(
+                f"all-gather {where.format(n=f.nranks)}: latency {f.latency_s * 1e6:.0f} us, "
+                f"{f.bandwidth_Bps / 1e9:.2f} GB/s; reaches 80% of it from {reach}"
+            )
             rates = ", ".join(f"{k.replace('_', '-')} {bw / 1e9:.2f}" for k, (_, bw) in sorted(f.by_kind.items()))
             parts[-1] += f" ({rates} GB/s as rings)" if rates else ""
     parts = parts or ["one rank: no link to measure"]
@@ -349,15 +351,29 @@ def check_nodes(res: dict[str, Any]) -> list[Check]:
         return []
     skew = res["clock_skew_s"]
     bad = skew > MAX_SKEW_S
-    out = [Check("clocks", "WARN" if bad else "OK", f"{res['nodes']} nodes agree within {skew * 1e3:.1f} ms",
-                 "sync the clocks (chrony / NTP) on every node" if bad else "")]  # fmt: skip
+    out = [
+        Check(
+            "clocks",
+            "WARN" if bad else "OK",
+            f"{res['nodes']} nodes agree within {skew * 1e3:.1f} ms",
+            "sync the clocks (chrony / NTP) on every node" if bad else "",
+        )
+    ]
     inter, intra = res.get("inter_all_reduce"), res.get("intra_all_reduce")
     if inter is not None:
         vs = f"; within a node {intra:.2f} GB/s ({intra / inter:.1f}x)" if intra else ""
         slow = inter < SLOW_GBPS["gloo"]
-        out.append(Check("inter-node", "WARN" if slow else "OK", f"all-reduce across nodes {inter:.2f} GB/s{vs}",
-                         "slow link between nodes: check the interface torchrun uses (--local-addr, "
-                         "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) and the network" if slow else ""))  # fmt: skip
+        out.append(
+            Check(
+                "inter-node",
+                "WARN" if slow else "OK",
+                f"all-reduce across nodes {inter:.2f} GB/s{vs}",
+                "slow link between nodes: check the interface torchrun uses (--local-addr, "
+                "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) and the network"
+                if slow
+                else "",
+            )
+        )
     return out
 
 

@@ -33,8 +33,11 @@ def launch_ps(cfg: PSConfig) -> int:
     config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     nproc = ps_procs_per_node(cfg)
     tables = f"{len(cfg.tables)} tables ({sum(cfg.tables):,} rows x {cfg.dim})"
-    print(f"disttrain ps: {cfg.trainers} trainer(s) x {cfg.servers} server(s), {cfg.mode}, {tables}; "
-          f"run folder {run_dir}", flush=True)  # fmt: skip
+    print(
+        f"disttrain ps: {cfg.trainers} trainer(s) x {cfg.servers} server(s), {cfg.mode}, {tables}; "
+        f"run folder {run_dir}",
+        flush=True,
+    )
     argv = torchrun_argv(nproc, cfg.launch, log_dir=run_dir / "logs")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings repeat what the trainers say
 

@@ -45,9 +45,11 @@ def my_ranks(cfg: RLConfig) -> tuple[range, str, int]:
     """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
     world, nodes = cfg.actors + 1 + cfg.spare_actors, int(cfg.launch.nnodes.split(":")[-1])
     if ":" in cfg.launch.nnodes or world % nodes:
-        raise ConfigError(f"disttrain rl runs {world} processes (1 learner + {cfg.actors} actors + "
-                          f"{cfg.spare_actors} spares), which launch.nnodes {cfg.launch.nnodes!r} must divide "
-                          "evenly")  # fmt: skip
+        raise ConfigError(
+            f"disttrain rl runs {world} processes (1 learner + {cfg.actors} actors + "
+            f"{cfg.spare_actors} spares), which launch.nnodes {cfg.launch.nnodes!r} must divide "
+            "evenly"
+        )
     if nodes == 1:
         return range(world), "127.0.0.1", free_port()
     if not cfg.launch.rdzv_endpoint or ":" not in cfg.launch.rdzv_endpoint:
@@ -60,8 +62,15 @@ def my_ranks(cfg: RLConfig) -> tuple[range, str, int]:
 
 
 def start(rank: int, world: int, host: str, port: int, config: Path, run_dir: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=host, MASTER_PORT=str(port),
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR=host,
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings when an actor dies
     log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
     out = None if rank == 0 else log
@@ -77,8 +86,11 @@ def launch_rl(cfg: RLConfig) -> int:
     config = run_dir / "config.json"
     config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     if 0 in ranks:
-        print(f"disttrain rl: {cfg.algo} on {cfg.env_id}, 1 learner + {cfg.actors} actors x {cfg.envs_per_actor} "
-              f"envs, inference on the {cfg.inference}; run folder {run_dir}", flush=True)  # fmt: skip
+        print(
+            f"disttrain rl: {cfg.algo} on {cfg.env_id}, 1 learner + {cfg.actors} actors x {cfg.envs_per_actor} "
+            f"envs, inference on the {cfg.inference}; run folder {run_dir}",
+            flush=True,
+        )
     world = cfg.actors + 1 + cfg.spare_actors
     procs = {r: start(r, world, host, port, config, run_dir) for r in ranks}
     try:
@@ -130,8 +142,11 @@ class Watch:
             store.set(f"rl/activate/{spare}", str(place))
             log_event(self.run_dir, "actor_replaced", actor=place, rank=spare)
             then = f"spare rank {spare} takes its place"
-        print(f"disttrain rl: actor {place} (rank {rank}) exited with code {code}; {then} (log: {log})",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"disttrain rl: actor {place} (rank {rank}) exited with code {code}; {then} (log: {log})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def learner_ended(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
@@ -143,6 +158,10 @@ def learner_ended(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> i
         return 0
     log_event(run_dir, "learner_died", exit_code=code)
     back = resume_hint(run_dir, "learner")
-    print(f"disttrain rl: the learner (rank 0) exited with code {code}, so the job ends; {back} "
-          f"(log: {run_dir / 'logs' / 'rank0.log'})", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"disttrain rl: the learner (rank 0) exited with code {code}, so the job ends; {back} "
+        f"(log: {run_dir / 'logs' / 'rank0.log'})",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1

@@ -79,11 +79,16 @@ def interrupted(cfg: JobConfig, run_dir: Path, code: int) -> str:
     """One line for a job stopped by Ctrl-C (130), SIGUSR1 (138) or SIGTERM (143): where it was, how to go on."""
     from disttrain.checkpoint.layout import list_checkpoints  # DCP: a second's import, needed only here
 
-    steps = [json.loads(x).get("step", 0) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
-        run_dir / "metrics.jsonl").is_file() else []  # fmt: skip
+    steps = (
+        [json.loads(x).get("step", 0) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (run_dir / "metrics.jsonl").is_file()
+        else []
+    )
     folder = Path(cfg.checkpoint.folder)
     usable = [c for c in list_checkpoints(folder if folder.is_absolute() else run_dir / folder) if c.usable]
     newest = f"step {usable[-1].step}" if usable else "none yet"
     how = {130: "interrupted", 138: "preempted (SIGUSR1)"}.get(code, "terminated (SIGTERM)")
-    return (f"{how} at step {max(steps, default=0)}; newest complete checkpoint: {newest}; resume with "
-            f"disttrain run --run.name {run_dir.name} (and the same options)")  # fmt: skip
+    return (
+        f"{how} at step {max(steps, default=0)}; newest complete checkpoint: {newest}; resume with "
+        f"disttrain run --run.name {run_dir.name} (and the same options)"
+    )

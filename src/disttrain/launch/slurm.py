@@ -25,10 +25,15 @@ def sbatch_script(
     node's launcher gets ``--launch.nnodes``, ``--launch.node-rank`` and ``--launch.rdzv-endpoint`` (run) or
     ``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint`` (launch)."""
     is_launch = command[1:2] == ["launch"]
-    names = ("--nnodes", "--node-rank", "--rdzv-endpoint") if is_launch else (
-        "--launch.nnodes", "--launch.node-rank", "--launch.rdzv-endpoint")  # fmt: skip
-    node_args = (f'{names[0]} "$SLURM_NNODES" {names[1]} "$SLURM_NODEID" '
-                 f'{names[2]} "$DISTTRAIN_HEAD:${{DISTTRAIN_RDZV_PORT:-{RDZV_PORT}}}"')  # fmt: skip
+    names = (
+        ("--nnodes", "--node-rank", "--rdzv-endpoint")
+        if is_launch
+        else ("--launch.nnodes", "--launch.node-rank", "--launch.rdzv-endpoint")
+    )
+    node_args = (
+        f'{names[0]} "$SLURM_NNODES" {names[1]} "$SLURM_NODEID" '
+        f'{names[2]} "$DISTTRAIN_HEAD:${{DISTTRAIN_RDZV_PORT:-{RDZV_PORT}}}"'
+    )
     if is_launch:  # torchrun-style options go before the script
         head, tail = command[:2], command[2:]
         per_node = f"{shlex.join(head)} {node_args} {shlex.join(tail)}"
@@ -108,8 +113,9 @@ def write_run_sbatch(cfg: JobConfig) -> int:
     root.mkdir(parents=True, exist_ok=True)
     toml.write_text(to_toml(cfg))
     gpus = (cfg.parallel.nproc or 0) if cfg.parallel.device == "cuda" else 0
-    script = sbatch_script([disttrain_exe(), "run", "--config", str(toml)], nodes, job_name=name, log_dir=root,
-                           gpus_per_node=gpus)  # fmt: skip
+    script = sbatch_script(
+        [disttrain_exe(), "run", "--config", str(toml)], nodes, job_name=name, log_dir=root, gpus_per_node=gpus
+    )
     print(write_sbatch(root / f"{name}.sbatch", script))
     return 0
 

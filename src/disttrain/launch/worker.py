@@ -24,14 +24,14 @@ from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.checkpoint.manager import CheckpointManager
 from disttrain.config import JobConfig, load_toml
 from disttrain.data.text import TextData
-from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
-from disttrain.parallel.mesh import ParallelDims
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Preempted
 from disttrain.health.events import attempt, health_dir, log_event, record_exit
 from disttrain.health.peers import PEER_LOST_EXIT, learn_nodes, lost_peer, other_nodes
 from disttrain.health.signals import STOPPING, install_stop_signals
 from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
+from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
+from disttrain.parallel.mesh import ParallelDims
 from disttrain.train.trainer import FitResult, Trainer
 from disttrain.utils.process import exit_now, say_on_console
 
@@ -191,6 +191,21 @@ def stop_now(env: DistEnv, code: int) -> int:
     return code
 
 
+def broken_collective(e: RuntimeError, cfg: JobConfig, env: DistEnv, run_dir: Path) -> int:
+    """A RuntimeError out of training: a stop signal's broken collective, a lost peer, or a real error
+    (re-raised for torchrun to report)."""
+    if STOPPING:  # a collective broken by the other ranks stopping on the same signal
+        record_exit(run_dir, env.rank, f"stopped by signal {STOPPING[0]}")
+        return stop_now(env, 128 + STOPPING[0])
+    lost = lost_peer(e)
+    # a rank of this node that died is torchrun's to report, unless this node already lost another node
+    local = lost is not None and interface_of(lost[0]) is not None
+    if lost is None or (local and not node_marker(run_dir).exists()):
+        record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
+        raise e
+    return peer_lost(cfg, env, run_dir, other_nodes() if local or lost[0] == "a peer" else lost[0], lost[1])
+
+
 def main(run_dir: str | Path) -> int:
     """Run the job in ``run_dir``; exit codes: 0 done, 2 a mistake in the job, 3 stopped on purpose."""
     run_dir = Path(run_dir)
@@ -218,16 +233,7 @@ def main(run_dir: str | Path) -> int:
         record_exit(run_dir, env.rank, str(e))
         return stop_now(env, 128 + e.signum)
     except RuntimeError as e:
-        if STOPPING:  # a collective broken by the other ranks stopping on the same signal
-            record_exit(run_dir, env.rank, f"stopped by signal {STOPPING[0]}")
-            return stop_now(env, 128 + STOPPING[0])
-        lost = lost_peer(e)
-        # a rank of this node that died is torchrun's to report, unless this node already lost another node
-        local = lost is not None and interface_of(lost[0]) is not None
-        if lost is None or (local and not node_marker(run_dir).exists()):
-            record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
-            raise
-        return peer_lost(cfg, env, run_dir, other_nodes() if local or lost[0] == "a peer" else lost[0], lost[1])
+        return broken_collective(e, cfg, env, run_dir)
     except BaseException as e:  # noted for the restart log, then torchrun sees the failure
         record_exit(run_dir, env.rank, f"{type(e).__name__}: {e}"[:500])
         raise

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from disttrain.config import ParallelConfig
-from disttrain.parallel.env import init_single_process_group
 from disttrain.errors import ConfigError
+from disttrain.parallel.env import init_single_process_group
 
 STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
 SHARDED = ("fsdp", "hsdp")

@@ -22,13 +22,13 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
+from disttrain.errors import ConfigError
 from disttrain.parallel.activation import apply_activation_checkpointing
 from disttrain.parallel.compile import apply_compile
 from disttrain.parallel.env import resolve_precision
 from disttrain.parallel.fsdp import apply_fsdp, find_blocks
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.meta_init import is_meta, materialize
-from disttrain.errors import ConfigError
 
 
 @dataclass

@@ -118,10 +118,14 @@ def auto_strategy(
     cfg = resolved_precision(cfg, device_type)
     try:
         prof = profile_model(
-            model, sample, micro_batch=cfg.train.micro_batch, compute_dtype=cfg.precision.dtype,
-            loss_fn=loss_fn, shard_modules=cfg.parallel.shard_modules,
+            model,
+            sample,
+            micro_batch=cfg.train.micro_batch,
+            compute_dtype=cfg.precision.dtype,
+            loss_fn=loss_fn,
+            shard_modules=cfg.parallel.shard_modules,
             attention=attention_for(device_type),
-        )  # fmt: skip
+        )
     except ConfigError as e:
         return Decision(resolve_strategy("auto", world), f"auto without a memory plan ({e})", {})
     return decide(cfg, estimate(prof, cfg, layout))

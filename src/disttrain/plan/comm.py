@@ -158,8 +158,16 @@ def collectives(
     if strategy == "ddp":
         return ddp_collectives(prof, cfg, world, link)
     if strategy == "hsdp":  # shard within a node, replicate across nodes (one node: the same rings as FSDP)
-        return fsdp_collectives(prof, cfg, shard=nproc, replicate=nnodes, blocks_per_unit=blocks_per_unit,
-                                reshard=cfg.parallel.reshard_after_forward, inter=False)  # fmt: skip
+        return fsdp_collectives(
+            prof,
+            cfg,
+            shard=nproc,
+            replicate=nnodes,
+            blocks_per_unit=blocks_per_unit,
+            reshard=cfg.parallel.reshard_after_forward,
+            inter=False,
+        )
     reshard = "never" if strategy == "fsdp_no_reshard" else cfg.parallel.reshard_after_forward
-    return fsdp_collectives(prof, cfg, shard=world, replicate=1, blocks_per_unit=blocks_per_unit, reshard=reshard,
-                            inter=nnodes > 1)  # fmt: skip
+    return fsdp_collectives(
+        prof, cfg, shard=world, replicate=1, blocks_per_unit=blocks_per_unit, reshard=reshard, inter=nnodes > 1
+    )

@@ -63,8 +63,9 @@ def run_estimate(
     )
     cfg = resolved_precision(cfg, target)
     dtype = cfg.precision.dtype
-    machine = resolve_machine(target, dtype, bandwidth=bandwidth, inter_bandwidth=inter_bandwidth,
-                              measure_peak=target == device, nproc=nproc)  # fmt: skip
+    machine = resolve_machine(
+        target, dtype, bandwidth=bandwidth, inter_bandwidth=inter_bandwidth, measure_peak=target == device, nproc=nproc
+    )
     est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom), cross_entropy, machine)
     out: dict[str, Any] = est.to_json()
     text = render(est)
@@ -122,5 +123,7 @@ def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> str:
         return ""
     now = sorted(effs)[len(effs) // 2]
     used = remember_efficiency(m, est.profile.compute_dtype, now)
-    return (f"compute efficiency: these steps reached {now:.2f} of the {est.profile.compute_dtype} matmul peak; "
-            f"the next plans use {used:.2f}, the median of up to the last {EFFICIENCY_RUNS} runs here")  # fmt: skip
+    return (
+        f"compute efficiency: these steps reached {now:.2f} of the {est.profile.compute_dtype} matmul peak; "
+        f"the next plans use {used:.2f}, the median of up to the last {EFFICIENCY_RUNS} runs here"
+    )

@@ -225,8 +225,19 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
         plans[col], times[col] = by_k[k], groupings[col][k]
         grouping_bytes[col] = {k: p.total for k, p in by_k.items()}
     fits = {k: p.total <= layout.budget for k, p in plans.items()}
-    est = Estimate(layout, prof, ac, plans, prof.activations(ac_alt), ac_alt, fits=fits, times=times,
-                   groupings=groupings, grouping_bytes=grouping_bytes, machine=machine)  # fmt: skip
+    est = Estimate(
+        layout,
+        prof,
+        ac,
+        plans,
+        prof.activations(ac_alt),
+        ac_alt,
+        fits=fits,
+        times=times,
+        groupings=groupings,
+        grouping_bytes=grouping_bytes,
+        machine=machine,
+    )
     choice, reason = recommend(est)
     return dataclasses.replace(est, choice=choice, reason=reason)
 

@@ -132,8 +132,10 @@ def _read() -> dict[str, Any]:
             raise ValueError("no 'machines' table")
         return data
     except (OSError, ValueError) as e:
-        print(f"disttrain: warning: ignoring the machine cache {path} ({e}); `disttrain doctor` rewrites it",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"disttrain: warning: ignoring the machine cache {path} ({e}); `disttrain doctor` rewrites it",
+            file=sys.stderr,
+        )
         return {"version": VERSION, "machines": {}}
 
 
@@ -145,17 +147,20 @@ def load_machine(host: str | None = None) -> MachineProfile | None:
     try:
         return MachineProfile.from_json(entry)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        print(f"disttrain: warning: ignoring a broken entry in {cache_path()} ({type(e).__name__}: {e})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"disttrain: warning: ignoring a broken entry in {cache_path()} ({type(e).__name__}: {e})", file=sys.stderr
+        )
         return None
 
 
 def save_machine(profile: MachineProfile) -> Path:
     """Merge ``profile`` into the cache under its host (atomic: a temporary file, then a rename)."""
     data = _read()
-    stamped = profile if profile.measured_at else dataclasses.replace(
-        profile, measured_at=datetime.datetime.now().isoformat(timespec="seconds")
-    )  # fmt: skip
+    stamped = (
+        profile
+        if profile.measured_at
+        else dataclasses.replace(profile, measured_at=datetime.datetime.now().isoformat(timespec="seconds"))
+    )
     data["machines"][profile.host] = stamped.to_json()
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)

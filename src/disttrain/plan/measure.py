@@ -250,8 +250,11 @@ def measure(
         for s in strategies:
             spec = Path(tmp) / f"{s}.json"
             run_cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **(tuned or {}).get(s, {})))
-            spec.write_text(json.dumps({"config": to_dict(run_cfg), "strategies": [s], "steps": steps, "out": tmp,
-                                        "keep_buffers": keep}))  # fmt: skip
+            spec.write_text(
+                json.dumps(
+                    {"config": to_dict(run_cfg), "strategies": [s], "steps": steps, "out": tmp, "keep_buffers": keep}
+                )
+            )
             code, tail = run_module_captured(
                 "disttrain.plan.measure", [str(spec)], nproc, device, env=env, timeout=timeout
             )

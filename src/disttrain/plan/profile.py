@@ -26,9 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from disttrain.config import DTYPES
+from disttrain.errors import ConfigError
 from disttrain.parallel.activation import checkpointed_indices
 from disttrain.parallel.blocks import find_blocks, outer_units
-from disttrain.errors import ConfigError
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 """``loss_fn(model_output, targets) -> scalar loss``: what the profile runs after the forward."""
@@ -187,8 +187,11 @@ class SavedTensorLog:
     @contextlib.contextmanager
     def watching(self) -> Iterator[SavedTensorLog]:
         """Block hooks and the saved-tensor hook installed while inside."""
-        handles = [h for i, b in enumerate(self.blocks) for h in (b.register_forward_pre_hook(self._enter(i)),
-                   b.register_forward_hook(self._leave))]  # fmt: skip
+        handles = [
+            h
+            for i, b in enumerate(self.blocks)
+            for h in (b.register_forward_pre_hook(self._enter(i)), b.register_forward_hook(self._leave))
+        ]
         try:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
                 yield self
@@ -255,8 +258,20 @@ def profile_model(
     with log.watching():
         flops, ops, elements = _forward_on_meta(model, stand_ins, batch, loss_fn, attention)
     by_block, other, largest = log.by_block()
-    return ModelProfile(params, len(blocks), tuple(by_block), other, tuple(log.block_in), largest, micro_batch,
-                        compute_dtype, attention, flops, ops, elements)  # fmt: skip
+    return ModelProfile(
+        params,
+        len(blocks),
+        tuple(by_block),
+        other,
+        tuple(log.block_in),
+        largest,
+        micro_batch,
+        compute_dtype,
+        attention,
+        flops,
+        ops,
+        elements,
+    )
 
 
 class OpCounter(TorchDispatchMode):

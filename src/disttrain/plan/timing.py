@@ -191,8 +191,11 @@ def remember_efficiency(machine: Machine, dtype: str, efficiency: float) -> floa
     prof = load_machine() or MachineProfile(socket.gethostname(), machine.device, "", machine.cores, {}, {})
     runs = [*prof.efficiency_runs.get(dtype, []), round(efficiency, 4)][-EFFICIENCY_RUNS:]
     used = round(statistics.median(runs), 4)
-    save_machine(dataclasses.replace(prof, efficiency={**prof.efficiency, dtype: used},
-                                     efficiency_runs={**prof.efficiency_runs, dtype: runs}))  # fmt: skip
+    save_machine(
+        dataclasses.replace(
+            prof, efficiency={**prof.efficiency, dtype: used}, efficiency_runs={**prof.efficiency_runs, dtype: runs}
+        )
+    )
     return used
 
 
@@ -244,8 +247,20 @@ class StepTime:
         return self.overlap_s if self.overlap else self.no_overlap_s
 
     def to_json(self) -> dict[str, float | int | str | bool]:
-        keys = ("strategy", "blocks_per_unit", "prefetch", "compute_s", "comm_s", "overhead_s", "exposed_s",
-                "optimizer_s", "sent_intra", "sent_inter", "calls", "overlap")  # fmt: skip
+        keys = (
+            "strategy",
+            "blocks_per_unit",
+            "prefetch",
+            "compute_s",
+            "comm_s",
+            "overhead_s",
+            "exposed_s",
+            "optimizer_s",
+            "sent_intra",
+            "sent_inter",
+            "calls",
+            "overlap",
+        )
         return {k: getattr(self, k) for k in keys} | {
             "no_overlap_s": self.no_overlap_s,
             "overlap_s": self.overlap_s,
@@ -284,9 +299,21 @@ def step_time(
         sent[c.link] += c.sent
     held = sharded_bytes(prof.params, shard if sharded else 1, 1, trainable_only=True)  # elements: 1 byte each
     optimizer = machine.elementwise_s(OPTIMIZER_ELEMENTS_PER_PARAM * held, nproc)
-    return StepTime(strategy, blocks_per_unit if sharded else 0, prefetch, compute, comm, overhead, exposed,
-                    sent["intra"], sent["inter"], sum(c.count for c in colls), machine.overlap, framework,
-                    optimizer)  # fmt: skip
+    return StepTime(
+        strategy,
+        blocks_per_unit if strategy != "ddp" else 0,
+        prefetch,
+        compute,
+        comm,
+        overhead,
+        exposed,
+        sent["intra"],
+        sent["inter"],
+        sum(c.count for c in colls),
+        machine.overlap,
+        framework,
+        optimizer,
+    )
 
 
 def _fsdp_exposed(

@@ -58,9 +58,12 @@ class ClickLog:
 
     def batch(self, size: int, gen: torch.Generator) -> Batch:
         ids = torch.stack(
-            [r2i[torch.multinomial(p, size, replacement=True, generator=gen)]
-             for r2i, p in zip(self.ranks_to_ids, self.popularity, strict=True)], dim=1,
-        )  # fmt: skip
+            [
+                r2i[torch.multinomial(p, size, replacement=True, generator=gen)]
+                for r2i, p in zip(self.ranks_to_ids, self.popularity, strict=True)
+            ],
+            dim=1,
+        )
         dense = torch.randn(size, self.n_dense, generator=gen)
         p = torch.sigmoid(self.logits(dense, ids))
         return Batch(dense, ids, torch.bernoulli(p, generator=gen))

@@ -90,22 +90,30 @@ class PSConfig:
     def __post_init__(self) -> None:
         check(self.servers >= 1, f"ps.servers must be >= 1, got {self.servers}")
         check(self.trainers >= 1, f"ps.trainers must be >= 1, got {self.trainers}")
-        check(len(self.tables) >= 1 and min(self.tables) >= self.servers,
-              f"ps.tables needs at least one table of >= servers ({self.servers}) rows, got {self.tables}")  # fmt: skip
+        check(
+            len(self.tables) >= 1 and min(self.tables) >= self.servers,
+            f"ps.tables needs at least one table of >= servers ({self.servers}) rows, got {self.tables}",
+        )
         for name in ("dim", "n_dense", "hidden", "steps", "batch", "eval_samples"):
             check(getattr(self, name) >= 1, f"ps.{name} must be >= 1, got {getattr(self, name)}")
         check(self.lr > 0 and self.dense_lr > 0, f"ps.lr and ps.dense_lr must be > 0, got {self.lr}, {self.dense_lr}")
         check(self.staleness >= 0, f"ps.staleness must be >= 0, got {self.staleness}")
         check(self.eval_every >= 0, f"ps.eval_every must be >= 0, got {self.eval_every}")
         if self.data_path is not None:
-            check(len(self.tables) in (1, 26) and self.n_dense == 13,
-                  f"Criteo data (ps.data_path) has 13 dense and 26 categorical features: give 1 or 26 table sizes "
-                  f"(got {len(self.tables)}) and n_dense 13 (got {self.n_dense})")  # fmt: skip
+            check(
+                len(self.tables) in (1, 26) and self.n_dense == 13,
+                f"Criteo data (ps.data_path) has 13 dense and 26 categorical features: give 1 or 26 table sizes "
+                f"(got {len(self.tables)}) and n_dense 13 (got {self.n_dense})",
+            )
         check(self.checkpoint_every >= 0, f"ps.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         check(self.log_every >= 0, f"ps.log_every must be >= 0, got {self.log_every}")
-        check(self.dense != "ddp" or self.mode == "bsp",
-              f"ps.dense ddp keeps the trainers in lockstep (an all-reduce per step), which {self.mode} exists to "
-              f"avoid: use --dense server (or auto) with --mode {self.mode}")  # fmt: skip
-        check(self.checkpoint_every == 0 or self.mode == "bsp",
-              f"server checkpoints need a consistent point between steps: mode bsp, not {self.mode!r}")  # fmt: skip
+        check(
+            self.dense != "ddp" or self.mode == "bsp",
+            f"ps.dense ddp keeps the trainers in lockstep (an all-reduce per step), which {self.mode} exists to "
+            f"avoid: use --dense server (or auto) with --mode {self.mode}",
+        )
+        check(
+            self.checkpoint_every == 0 or self.mode == "bsp",
+            f"server checkpoints need a consistent point between steps: mode bsp, not {self.mode!r}",
+        )
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")

@@ -23,8 +23,10 @@ def render_plan(cfg: PSConfig, host_bytes: int | None = None) -> str:
     host = host_bytes if host_bytes is not None else psutil.virtual_memory().available
     shards = server_bytes(cfg)
     total = sum(b for _, b in shards)
-    lines = [f"{len(cfg.tables)} tables, {sum(cfg.tables):,} rows x {cfg.dim} (fp32, {cfg.optimizer}): "
-             f"{fmt_bytes(total)} in all, over {cfg.servers} server(s)"]  # fmt: skip
+    lines = [
+        f"{len(cfg.tables)} tables, {sum(cfg.tables):,} rows x {cfg.dim} (fp32, {cfg.optimizer}): "
+        f"{fmt_bytes(total)} in all, over {cfg.servers} server(s)"
+    ]
     lines += [f"  server{s}: {rows:,} rows, {fmt_bytes(b)}" for s, (rows, b) in enumerate(shards)]
     fits = total <= 0.8 * host
     verdict = "fits" if fits else "does NOT fit: add servers (on more hosts) or shrink the tables"

@@ -146,10 +146,14 @@ class PSTrainer:
         b = self.eval_batch
         if self.dense_on_server:
             vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
-        logits = torch.cat([self.model(b.dense[i : i + 4096], self.lookup(b.ids[i : i + 4096]))
-                            for i in range(0, len(b.label), 4096)])  # fmt: skip
-        return {"auc": auc(logits, b.label), "logloss": float(F.binary_cross_entropy_with_logits(logits, b.label)),
-                "ceiling_auc": self.log.ceiling(b)}  # fmt: skip
+        logits = torch.cat(
+            [self.model(b.dense[i : i + 4096], self.lookup(b.ids[i : i + 4096])) for i in range(0, len(b.label), 4096)]
+        )
+        return {
+            "auc": auc(logits, b.label),
+            "logloss": float(F.binary_cross_entropy_with_logits(logits, b.label)),
+            "ceiling_auc": self.log.ceiling(b),
+        }
 
     def state(self, step: int) -> dict[str, Any]:
         if self.dense_on_server:

@@ -44,14 +44,20 @@ def reporter(cfg: PSConfig, run_dir: Path) -> Any:
         rec: dict[str, Any] = {"step": step, "loss": res.losses[-1], "staleness": res.staleness[-1]}
         if res.evals and res.evals[-1]["step"] == step:
             rec.update(res.evals[-1])
-            print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
-                  f"(ceiling {rec['ceiling_auc']:.4f}) | logloss {rec['logloss']:.4f}", flush=True)  # fmt: skip
+            print(
+                f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
+                f"(ceiling {rec['ceiling_auc']:.4f}) | logloss {rec['logloss']:.4f}",
+                flush=True,
+            )
         elif cfg.log_every and step % cfg.log_every == 0:
             now = time.perf_counter()
             since = step - int(last["step"])
             rate = since * cfg.batch * cfg.trainers / max(now - last["t"], 1e-9)
-            print(f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | {rate:,.0f} samples/s | "
-                  f"staleness {max(res.staleness[-since:], default=0)}", flush=True)  # fmt: skip
+            print(
+                f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | {rate:,.0f} samples/s | "
+                f"staleness {max(res.staleness[-since:], default=0)}",
+                flush=True,
+            )
             last.update(t=now, step=step)
         metrics.write(json.dumps(rec) + "\n")
         metrics.flush()  # a killed job keeps every step it logged
@@ -107,12 +113,21 @@ def train(cfg: PSConfig, rank: int, servers: list[str], run_dir: Path) -> None:
 
 def write_summary(cfg: PSConfig, run_dir: Path, res: PSResult) -> None:
     stats = transport.call("server0", server.push_stats) if cfg.mode != "bsp" else {}
-    summary = {"config": dataclasses.asdict(cfg), "final": res.evals[-1], "samples_per_s": res.samples_per_s,
-               "bytes_per_step": res.bytes_per_step, "final_loss": res.losses[-1],
-               "max_staleness": max(res.staleness, default=0), "server0_pushes": stats}  # fmt: skip
+    summary = {
+        "config": dataclasses.asdict(cfg),
+        "final": res.evals[-1],
+        "samples_per_s": res.samples_per_s,
+        "bytes_per_step": res.bytes_per_step,
+        "final_loss": res.losses[-1],
+        "max_staleness": max(res.staleness, default=0),
+        "server0_pushes": stats,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
-          f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}", flush=True)  # fmt: skip
+    print(
+        f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
+        f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}",
+        flush=True,
+    )
 
 
 def server_down(cfg: PSConfig, rank: int, run_dir: Path, e: RpcError) -> NoReturn:

@@ -63,9 +63,10 @@ def table(runs: list[Run]) -> str:
     for run in runs:
         cells = "".join(
             f'<td data-run="{html.escape(run.name)}" data-key="{html.escape(k)}">{fmt(figures[run.name][k])}</td>'
-            if k in figures[run.name] else "<td></td>"
+            if k in figures[run.name]
+            else "<td></td>"
             for k in keys
-        )  # fmt: skip
+        )
         rows.append(f"<tr><td>{html.escape(run.name)}</td>{cells}</tr>")
     return f'<div class="wide"><table id="final">{head}{"".join(rows)}</table></div>'
 
@@ -74,12 +75,15 @@ def run_section(run: Run) -> str:
     strategy = run.strategy.get("strategy", "")
     reason = run.strategy.get("reason", "")
     events = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))[:300]}</td>" for v in (
-            e.get("event"), e.get("step", e.get("resumed_from", "")), e.get("cause", e.get("reason", ""))))
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(v))[:300]}</td>"
+            for v in (e.get("event"), e.get("step", e.get("resumed_from", "")), e.get("cause", e.get("reason", "")))
+        )
         + "</tr>"
         for e in run.events
         if e.get("event") != "checkpoint"
-    )  # fmt: skip
+    )
     parts = [f"<h3>{html.escape(run.name)}</h3><p>{html.escape(str(run.path))}</p>"]
     if strategy:
         parts.append(f"<p>strategy <b>{html.escape(strategy)}</b>: {html.escape(reason)}</p>")

@@ -54,8 +54,16 @@ def _marks(ax: Any, runs: list[Run]) -> None:
             step = e.get("resumed_from") if kind == "restart" else e.get("step")
             if kind in MARKED and isinstance(step, (int, float)):
                 ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
-                ax.annotate(kind, (step, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
-                            va="top", ha="right", color="grey")  # fmt: skip
+                ax.annotate(
+                    kind,
+                    (step, 1),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    fontsize=7,
+                    va="top",
+                    ha="right",
+                    color="grey",
+                )
 
 
 def _finish(fig: Figure, ax: Any, runs: list[Run], title: str, xlabel: str = "step") -> bytes:

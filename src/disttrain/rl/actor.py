@@ -66,15 +66,26 @@ class Actor:
             self.trajs[e].append((obs[e], int(actions[e]), float(rewards[e])))
             if ended[e]:
                 o, a, r = zip(*self.trajs[e], strict=True)
-                self.finished.append({"obs": torch.from_numpy(np.stack(o)).float(), "action": torch.tensor(a),
-                                      "reward": torch.tensor(r, dtype=torch.float32)})  # fmt: skip
+                self.finished.append(
+                    {
+                        "obs": torch.from_numpy(np.stack(o)).float(),
+                        "action": torch.tensor(a),
+                        "reward": torch.tensor(r, dtype=torch.float32),
+                    }
+                )
                 self.trajs[e] = []
 
     def chunk_item(self) -> dict[str, Any]:
         batch, episodes = self.folder.take()
         steps = self.cfg.chunk * self.cfg.envs_per_actor
-        item: dict[str, Any] = {"actor": self.index, "rank": self.rank, "steps": steps, "version": self.version,
-                                "episodes": episodes, "eps": float(self.eps)}  # fmt: skip
+        item: dict[str, Any] = {
+            "actor": self.index,
+            "rank": self.rank,
+            "steps": steps,
+            "version": self.version,
+            "episodes": episodes,
+            "eps": float(self.eps),
+        }
         if self.cfg.algo == "dqn":
             item["batch"] = batch
             if batch is not None and self.cfg.prioritized and self.cfg.inference == "actor":

@@ -95,21 +95,37 @@ class RLConfig:
     learner, on node 0; actors spread over the nodes)."""
 
     def __post_init__(self) -> None:
-        for name in ("actors", "envs_per_actor", "chunk", "sync_every", "hidden", "n_step", "batch", "solve_window",
-                     "max_env_steps", "episodes_per_update", "target_every", "replay_capacity"):  # fmt: skip
+        for name in (
+            "actors",
+            "envs_per_actor",
+            "chunk",
+            "sync_every",
+            "hidden",
+            "n_step",
+            "batch",
+            "solve_window",
+            "max_env_steps",
+            "episodes_per_update",
+            "target_every",
+            "replay_capacity",
+        ):
             check(getattr(self, name) >= 1, f"rl.{name} must be >= 1, got {getattr(self, name)}")
         check(self.learning_rate > 0, f"rl.lr must be > 0, got {self.lr}")
         check(0 < self.gamma <= 1, f"rl.gamma must be in (0, 1], got {self.gamma}")
         check(self.replay_ratio > 0, f"rl.replay_ratio must be > 0, got {self.replay_ratio}")
-        check(self.learning_starts >= self.batch,
-              f"rl.learning_starts ({self.learning_starts}) must be >= rl.batch ({self.batch})")  # fmt: skip
+        check(
+            self.learning_starts >= self.batch,
+            f"rl.learning_starts ({self.learning_starts}) must be >= rl.batch ({self.batch})",
+        )
         check(0 < self.eps_base < 1 and self.eps_alpha >= 0, f"rl.eps_base must be in (0, 1), got {self.eps_base}")
         check(self.explore_steps >= 0, f"rl.explore_steps must be >= 0, got {self.explore_steps}")
         check(self.spare_actors >= 0, f"rl.spare_actors must be >= 0, got {self.spare_actors}")
         check(self.max_lag >= 0 and self.checkpoint_every >= 0, "rl.max_lag and rl.checkpoint_every must be >= 0")
         check(self.log_every_s > 0 and self.rpc_timeout_s > 0, "rl.log_every_s and rl.rpc_timeout_s must be > 0")
-        check(self.algo == "dqn" or self.checkpoint_every == 0,
-              "rl.checkpoint_every: learner checkpoints are for dqn (reinforce keeps no replay)")  # fmt: skip
+        check(
+            self.algo == "dqn" or self.checkpoint_every == 0,
+            "rl.checkpoint_every: learner checkpoints are for dqn (reinforce keeps no replay)",
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RLConfig:

@@ -50,8 +50,9 @@ class Learner:
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.acting = copy.deepcopy(self.net).requires_grad_(False)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate)
-        self.replay = ReplayBuffer(cfg.replay_capacity, spec.obs_dim, prioritized=cfg.prioritized,
-                                   alpha=cfg.alpha, seed=cfg.seed)  # fmt: skip
+        self.replay = ReplayBuffer(
+            cfg.replay_capacity, spec.obs_dim, prioritized=cfg.prioritized, alpha=cfg.alpha, seed=cfg.seed
+        )
         self.c = Counters(returns=deque(maxlen=cfg.solve_window))
         self.inbox: list[dict[str, Any]] = []
         self.held: list[tuple[int, int, int, Future[Reply]]] = []  # (env steps it may reach, actor, rank, answer)

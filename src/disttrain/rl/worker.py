@@ -46,10 +46,12 @@ def record(lr: Learner, t0: float, steps0: int) -> dict[str, Any]:
 
 
 def progress(rec: dict[str, Any]) -> str:
-    return (f"env steps {rec['env_steps']:>8,} | episodes {rec['episodes']:>5} | return {rec['return']:6.1f} "
-            f"(all actors {rec['return_all']:6.1f}) | updates {rec['updates']:>6,} | loss {rec['loss']:.4f} | "
-            f"{rec['env_steps_per_s']:,.0f} steps/s | replay {rec['replay_size']:,} | "
-            f"lag {rec['actor_lag']:.1f}")  # fmt: skip
+    return (
+        f"env steps {rec['env_steps']:>8,} | episodes {rec['episodes']:>5} | return {rec['return']:6.1f} "
+        f"(all actors {rec['return_all']:6.1f}) | updates {rec['updates']:>6,} | loss {rec['loss']:.4f} | "
+        f"{rec['env_steps_per_s']:,.0f} steps/s | replay {rec['replay_size']:,} | "
+        f"lag {rec['actor_lag']:.1f}"
+    )
 
 
 def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
@@ -109,9 +111,12 @@ def main(argv: list[str]) -> int:
         summary = {"config": dataclasses.asdict(cfg), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         verdict = "solved" if final["solved"] else "not solved"
-        print(f"done ({verdict}): {final['wall_s']:.1f} s, {final['env_steps']:,} env steps, {final['episodes']} "
-              f"episodes, {final['env_steps_per_s']:,.0f} env steps/s, return {final['return']:.1f} over the last "
-              f"{len(learner_mod._get().c.returns)} counted episodes | run folder: {run_dir}", flush=True)  # fmt: skip
+        print(
+            f"done ({verdict}): {final['wall_s']:.1f} s, {final['env_steps']:,} env steps, {final['episodes']} "
+            f"episodes, {final['env_steps_per_s']:,.0f} env steps/s, return {final['return']:.1f} over the last "
+            f"{len(learner_mod._get().c.returns)} counted episodes | run folder: {run_dir}",
+            flush=True,
+        )
         transport.shutdown(graceful=False, peers=[0, *learner_mod._get().told, *idle_spares(cfg)])
     else:
         index = rank - 1 if rank <= cfg.actors else wait_as_spare()

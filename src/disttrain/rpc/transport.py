@@ -37,9 +37,11 @@ def init(
     addr = addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = port or int(os.environ.get("MASTER_PORT", "29500"))
     opts = rpc.TensorPipeRpcBackendOptions(
-        num_worker_threads=threads, rpc_timeout=timeout_s, init_method=f"tcp://{addr}:{port}",
+        num_worker_threads=threads,
+        rpc_timeout=timeout_s,
+        init_method=f"tcp://{addr}:{port}",
         _transports=socket_only(int(os.environ.get("LOCAL_WORLD_SIZE", world_size))),
-    )  # fmt: skip
+    )
     if addr in ("127.0.0.1", "localhost"):
         os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
     try:

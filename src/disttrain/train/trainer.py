@@ -27,12 +27,12 @@ from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimSt
 from disttrain.checkpoint.pretrained import load_pretrained
 from disttrain.config import DTYPES, JobConfig, resolve_batch
 from disttrain.data.loader import GlobalBatchLoader, eval_batches, to_device
-from disttrain.parallel.env import DistEnv, init_distributed, resolve_precision, seed_everything
-from disttrain.parallel.mesh import ParallelDims
-from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor
 from disttrain.health.signals import PREEMPT
+from disttrain.parallel.env import DistEnv, init_distributed, resolve_precision, seed_everything
+from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.plan.choose import auto_strategy
 from disttrain.train import metrics as M
 from disttrain.train.loop import FitLoop, FitResult
