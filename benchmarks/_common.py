@@ -192,7 +192,7 @@ def write_rank_result(out_dir: str, rank: int, data: dict[str, Any]) -> None:
 
 
 def finish_worker() -> None:
-    """Leave the process group and exit at once, as ``disttrain.launch.worker`` does: torch's gloo/DDP destructors
+    """Leave the process group and exit at once, as ``disttrain.jobs.run_worker`` does: torch's gloo/DDP destructors
     can deadlock during interpreter teardown."""
     import torch.distributed as dist
 

@@ -1,6 +1,6 @@
 """Per-rank bytes of parameters + gradients + optimizer state, DDP vs FSDP2, at 2 and 4 ranks.
 
-Exact accounting, not an estimate (``disttrain.plan.measure.account``, which the memory planner's
+Exact accounting, not an estimate (``disttrain.jobs.measure.account``, which the memory planner's
 ``disttrain estimate --measure`` uses too): after one optimizer step (before ``zero_grad`` frees the
 gradients) every rank sums the storage its tensors really hold: parameters, ``.grad`` and AdamW's state. A
 DTensor counts its local shard (``.to_local()``); storage shared by several tensors (FSDP2's padded
@@ -46,7 +46,7 @@ def logical_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def account(trainer: Any) -> dict[str, Any]:
-    from disttrain.plan.measure import account as storage_bytes
+    from disttrain.jobs.measure import account as storage_bytes
 
     params = list(trainer.model.parameters())
     grads = [p.grad for p in params if p.grad is not None]

@@ -9,7 +9,7 @@ Three parts, each selectable with ``--parts`` (default: all three):
   4; HSDP as 2 replicas x 2 shards at 4, compared with a plan for 2 ranks x 2 nodes, whose HSDP column
   shards within a node). Micro-batch 4, one micro-step, ``--dtype`` fp32 by default (the figures are
   bytes, so the dtype only changes the speed: bf16 is quick only with AMX). Measured by
-  ``disttrain.plan.measure.measure``, one launch per strategy: exact storage accounting after an
+  ``disttrain.jobs.measure.measure``, one launch per strategy: exact storage accounting after an
   optimizer step for params / grads / optimizer, saved-tensor hooks for activations, and the process RSS
   peak above the RSS before the model was built for the total (``MALLOC_MMAP_THRESHOLD_=65536``, so freed
   tensors leave the RSS). ``--one-launch`` runs every strategy in one launch instead (quicker), but then
@@ -103,8 +103,8 @@ def measure_worker(args: argparse.Namespace) -> None:
     """Every strategy in turn on this rank; each ``measure_strategy`` takes its own RSS baseline."""
     import gc
 
+    from disttrain.jobs.measure import measure_strategy
     from disttrain.parallel.env import init_distributed
-    from disttrain.plan.measure import measure_strategy
 
     env = init_distributed("cpu", threads=1)
     out = {}
@@ -124,8 +124,8 @@ def largest_rank(ranks: list[dict[str, Any]], s: str) -> dict[str, Any]:
 
 def measure_at(args: argparse.Namespace, argv: list[str], width: int, world: int) -> dict[str, Any]:
     """Every strategy at ``world`` ranks, GPT width ``width``: what the ranks hold against the plan."""
+    from disttrain.jobs.measure import measure
     from disttrain.plan.estimate import Layout, plan_job
-    from disttrain.plan.measure import measure
     from disttrain.plan.render import compare
     from disttrain.train.loss import cross_entropy
 

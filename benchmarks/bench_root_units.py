@@ -4,7 +4,7 @@
 The model is the built-in GPT with a 16,384-token vocabulary, untied (4 blocks of width 256, context 128:
 8.4M parameters in the embedding and head against 0.8M per block), trained by FSDP on 2 ranks (gloo, one
 thread each), micro-batch 4, fp32. Each variant runs in a launch of its own through
-``disttrain.plan.measure.measure`` (what ``disttrain estimate --measure`` runs): exact bytes of the parameters,
+``disttrain.jobs.measure.measure`` (what ``disttrain estimate --measure`` runs): exact bytes of the parameters,
 gradients and optimizer state, and the process RSS peak above the RSS before the model was built. Memory does
 not depend on the load; the step times are printed too, but they come from separate launches.
 
@@ -38,8 +38,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--nproc", type=int, default=2)
     args = p.parse_args(argv)
     from disttrain.config import from_dict
+    from disttrain.jobs.measure import measure
     from disttrain.plan.estimate import Layout, plan_job
-    from disttrain.plan.measure import measure
     from disttrain.train.loss import cross_entropy
 
     here = str(Path(__file__).resolve().parent)  # the ranks import big_vocab from this folder

@@ -21,7 +21,7 @@ from disttrain.errors import ConfigError, HealthError
 from disttrain.health import HealthMonitor, StepGuard
 from disttrain.health import monitor as health
 from disttrain.health.signals import PREEMPT, STOPPING, install_stop_signals
-from disttrain.launch import doctor
+from disttrain.jobs import doctor
 from disttrain.launch.debug_env import debug_env
 from disttrain.train.trainer import Trainer
 from disttrain.utils import faults

@@ -1,7 +1,8 @@
 """The layout holds: imports only point down the layers, no import cycles, small modules and functions.
 
-Checked with ``ast`` over the source (function-level imports included, ``if TYPE_CHECKING:`` imports not:
-they never run), so a new arrow against the flow fails here instead of surfacing as an import cycle later.
+Checked with ``ast`` over the source (function-level and ``if TYPE_CHECKING:`` imports included: a type is a
+dependency too; cycles leave the TYPE_CHECKING ones out, since they never run), so a new arrow against the flow
+fails here instead of surfacing as an import cycle later.
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ LAYERS: dict[str, int] = {
     "disttrain.rpc": 4,  # the only importer of torch.distributed.rpc
     "disttrain.checkpoint": 5,
     "disttrain.health": 5,
-    "disttrain.plan": 6,  # profile / estimate / render: arithmetic over a model
+    "disttrain.plan": 6,  # arithmetic only: memory, communication and step time per strategy; `auto`
     "disttrain.train": 7,
     "disttrain.ps": 7,  # the parameter server: beside the LM trainer, never importing it
     "disttrain.rl": 7,  # actors, learner, replay: beside the LM trainer and the parameter server
-    "disttrain.launch": 8,
-    "disttrain.plan.measure": 9,  # starts workers and runs training steps: above launch and train
-    "disttrain.plan.command": 9,
-    "disttrain.report": 9,  # reads run folders: the end of the data flow
-    "disttrain.cli": 10,
-    "disttrain": 11,  # the package's public face re-exports from everywhere
+    "disttrain.launch": 8,  # process launching only: torchrun, multi-node, Slurm
+    "disttrain.resolve": 9,  # the job's decisions, made once before any worker starts
+    "disttrain.testing": 9,  # test and benchmark helpers, fault injection: above the engines they exercise
+    "disttrain.jobs": 10,  # each command's parent side and worker entry: the only layer that starts processes
+    "disttrain.report": 10,  # reads run folders: the end of the data flow
+    "disttrain.cli": 11,
+    "disttrain": 12,  # the package's public face re-exports from everywhere
 }
 
 
@@ -62,11 +64,14 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def imports_of(path: Path, modules: set[str], me: str | None = None) -> list[tuple[int, str]]:
+def imports_of(
+    path: Path, modules: set[str], me: str | None = None, *, type_checking: bool = True
+) -> list[tuple[int, str]]:
     """(line, module) of every disttrain module ``path`` (module ``me``) imports, at any depth; ``from pkg import
-    mod`` resolves to ``pkg.mod`` when that is a module."""
+    mod`` resolves to ``pkg.mod`` when that is a module. ``type_checking=False`` leaves out the imports under
+    ``if TYPE_CHECKING:`` (they never run, so they cannot make a cycle; they still count for the layers)."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
+    skip = set() if type_checking else _type_checking_nodes(tree)
     me = me or module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: list[tuple[int, str]] = []
@@ -125,7 +130,10 @@ def test_the_parameter_server_and_rpc_stand_apart_from_the_lm_trainer() -> None:
 
 def test_no_import_cycles() -> None:
     modules = all_modules()
-    graph = {m: {t for _, t in imports_of(p, set(modules)) if t in modules and t != m} for m, p in modules.items()}
+    graph = {
+        m: {t for _, t in imports_of(p, set(modules), type_checking=False) if t in modules and t != m}
+        for m, p in modules.items()
+    }
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[str] = []
@@ -174,15 +182,20 @@ def test_every_module_says_what_it_owns() -> None:
 
 
 def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
-    """The checkers themselves: an upward function-level import, a TYPE_CHECKING one ignored, a long function."""
+    """The checkers themselves: an upward function-level import, a TYPE_CHECKING one counted for the
+    layers and left out of the cycles."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from disttrain.cli import main\n\n\n"
         "def f() -> None:\n    from disttrain.train import trainer\n"
     )
     mods = {"disttrain.train.trainer", "disttrain.parallel.probe", "disttrain.cli"}
-    found = imports_of(probe, mods, me="disttrain.parallel.probe")
+    found = imports_of(probe, mods, me="disttrain.parallel.probe", type_checking=False)
     assert found == [(8, "disttrain.train.trainer")]
+    assert imports_of(probe, mods, me="disttrain.parallel.probe") == [
+        (4, "disttrain.cli"),
+        (8, "disttrain.train.trainer"),
+    ]
     assert LAYERS[layer_key(found[0][1])] > LAYERS[layer_key("disttrain.parallel.probe")]
 
 

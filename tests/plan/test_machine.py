@@ -168,7 +168,7 @@ def test_a_slow_dtype_is_measured_quickly_and_the_best_peak_is_kept() -> None:
 
     import torch
 
-    from disttrain.launch.doctor import _best_peaks
+    from disttrain.jobs.doctor import _best_peaks
     from disttrain.utils.peak import measure_matmul_tflops
 
     torch.set_num_threads(1)

@@ -32,7 +32,7 @@ def measured(tmp: Path, n: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     )
     # the workers `disttrain estimate --measure` starts, all strategies in one launch
     code, tail = run_module_captured(
-        "disttrain.plan.measure", [str(spec)], n, "cpu", env={"OMP_NUM_THREADS": "1"}, timeout=360, tail_lines=40
+        "disttrain.jobs.measure", [str(spec)], n, "cpu", env={"OMP_NUM_THREADS": "1"}, timeout=360, tail_lines=40
     )
     assert code == 0, tail
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(n)]

@@ -242,7 +242,7 @@ def test_estimate_cli_explains_and_takes_a_bandwidth(tmp_path) -> None:
 
 
 def test_estimate_measure_keeps_the_median_efficiency_of_its_recent_runs() -> None:
-    from disttrain.plan.command import learn_efficiency
+    from disttrain.jobs.estimate import learn_efficiency
     from disttrain.plan.machine import load_machine
 
     cfg = from_dict({"train": {"micro_batch": 8, "global_batch": 16}, "precision": {"dtype": "fp32"}})

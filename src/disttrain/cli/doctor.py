@@ -6,7 +6,7 @@ import argparse
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.launch import doctor
+    from disttrain.jobs import doctor
 
     p = argparse.ArgumentParser(prog="disttrain doctor", description="Is this machine (or cluster) ready to train?")
     p.add_argument("-n", "--nproc", type=int, default=None, help="local processes for the test (default: GPUs or 2)")

@@ -1,6 +1,6 @@
 """``disttrain estimate``: the memory plan per strategy (and, with ``--measure``, measured against real ranks).
 
-Arguments only: the work is :func:`disttrain.plan.command.run_estimate`, imported when the command runs.
+Arguments only: the work is :func:`disttrain.jobs.estimate.run_estimate`, imported when the command runs.
 May import: anything (``disttrain.cli`` is the top layer).
 """
 
@@ -34,7 +34,7 @@ ESTIMATE_HELP = """disttrain estimate [--config job.toml] [--nproc N] [--nnodes 
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.plan.command import run_estimate
+    from disttrain.jobs.estimate import run_estimate
 
     p = argparse.ArgumentParser(prog="disttrain estimate", add_help=False)
     p.add_argument("--config", default=None)

@@ -7,7 +7,7 @@ from disttrain.ps.config import PSConfig
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.launch.ps_job import launch_ps
+    from disttrain.jobs.ps import launch_ps
 
     cfg = parse_dataclass(PSConfig, argv, prog="disttrain ps")
     return launch_ps(cfg)

@@ -7,6 +7,6 @@ from disttrain.rl.config import RLConfig
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.launch.rl_job import launch_rl
+    from disttrain.jobs.rl import launch_rl
 
     return launch_rl(parse_dataclass(RLConfig, argv, prog="disttrain rl"))

@@ -17,8 +17,8 @@ RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key 
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.launch.resolve import plan_and_resolve
-    from disttrain.launch.run_job import launch_job
+    from disttrain.jobs.run import launch_job
+    from disttrain.resolve.job import plan_and_resolve
 
     p = argparse.ArgumentParser(prog="disttrain run", add_help=False)
     p.add_argument("--config", default=None)

@@ -1,5 +1,6 @@
-"""Starting workers: ``torchrun`` (the one way any command starts workers), ``worker`` (a training worker's
-main), ``resolve`` (the parent's decisions before any worker starts), ``debug_env`` and ``doctor``.
+"""Process launching only: ``torchrun`` (the one way any command starts workers, local, multi-node, elastic),
+``network`` (addresses, interfaces), ``agent_watch`` (a launcher outliving a lost rendezvous), ``slurm`` (sbatch,
+requeue) and ``debug_env``. What each command launches, and its worker entry, live in :mod:`disttrain.jobs`.
 
-The top of the flow: may import everything below it (config, build, dist, plan, train, checkpoint, health).
+May import everything below it (config, build, parallel, plan, train, checkpoint, health), never ``jobs``.
 """

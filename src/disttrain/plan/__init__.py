@@ -15,11 +15,7 @@ bytes per rank and the step time, render the table, and measure the plan against
   (compute, communication, overlap), the grouping of blocks into FSDP units and the prefetch depth.
   ``explain``: ``estimate --explain``'s text.
 
-These are pure arithmetic over a model: they never import ``train``, ``launch`` or ``cli``; the loss
-they profile with is the caller's argument.
-
-- ``measure``: starts workers (through ``disttrain.launch.torchrun``) and runs the Trainer's steps, so it sits
-  above ``launch`` and ``train``.
-- ``command``: ``disttrain estimate``'s work (plan, render, optionally measure); also above ``launch`` and
-  ``train``, below ``cli``.
+Pure arithmetic over a model: nothing here imports ``train``, ``launch``, ``jobs`` or ``cli``, and nothing
+starts a process; the loss it profiles with is the caller's argument. Measuring the plan against real ranks
+and ``disttrain estimate`` itself are jobs (:mod:`disttrain.jobs.measure`, :mod:`disttrain.jobs.estimate`).
 """

@@ -12,13 +12,13 @@ from typing import Any
 from disttrain.build import check_imports
 from disttrain.config import JobConfig, resolve_batch
 from disttrain.errors import ConfigError, MetaDeviceError
-from disttrain.launch.preflight import check_inputs
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel.env import resolve_device_type, resolve_precision
 from disttrain.parallel.mesh import SHARDED, ParallelDims, resolve_strategy
 from disttrain.plan.choose import decide
 from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory
 from disttrain.plan.render import render
+from disttrain.resolve.inputs import check_inputs
 from disttrain.train.loss import cross_entropy
 
 

@@ -223,7 +223,7 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
         argv = [
             *torchrun_argv(nproc, launch, Path(tmp) / "logs", quiet_ranks=True),
             "-m",
-            "disttrain.launch.doctor_worker",
+            "disttrain.jobs.doctor_worker",
             tmp,
         ]
         t0 = time.perf_counter()

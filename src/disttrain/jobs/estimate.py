@@ -2,7 +2,7 @@
 plan against a few real steps of every strategy that fits, on this machine (error in percent).
 
 The plan itself is :mod:`disttrain.plan.estimate`, its table :mod:`disttrain.plan.render`; the measurement
-is :mod:`disttrain.plan.measure`. ``disttrain.cli.estimate`` parses the arguments and calls :func:`run_estimate`.
+is :mod:`disttrain.jobs.measure`. ``disttrain.cli.estimate`` parses the arguments and calls :func:`run_estimate`.
 May import: everything below ``disttrain.cli`` (it starts workers to measure, and supplies the loss the plan
 profiles with, :func:`disttrain.train.loss.cross_entropy`).
 """
@@ -84,7 +84,7 @@ def run_estimate(
 def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[str, Any]]:
     """``--measure``: a few real steps of every strategy that fits (or all with ``parallel.force``; HSDP needs
     several nodes) on this machine's ranks; predicted vs measured as text and JSON."""
-    from disttrain.plan.measure import measure as run_measure
+    from disttrain.jobs.measure import measure as run_measure
 
     nproc, nnodes = est.layout.nproc, est.layout.nnodes
     if nnodes != 1:

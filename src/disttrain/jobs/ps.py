@@ -44,7 +44,7 @@ def launch_ps(cfg: PSConfig) -> int:
     def name(rank: int) -> str:
         return f"trainer{rank} (rank {rank})" if rank < cfg.trainers else f"server{rank - cfg.trainers} (rank {rank})"
 
-    code = run_torchrun([*argv, "-m", "disttrain.ps.worker", str(config), str(run_dir)], nproc, "cpu", name)
+    code = run_torchrun([*argv, "-m", "disttrain.jobs.ps_worker", str(config), str(run_dir)], nproc, "cpu", name)
     if code == 1:  # the line above named the rank; how to go on (a trainer may have said it first)
         back = resume_hint(run_dir, "server")
         print(f"disttrain ps: the job stopped; {back}", file=sys.stderr, flush=True)

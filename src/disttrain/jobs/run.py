@@ -17,9 +17,9 @@ import torch
 from disttrain.config import JobConfig, to_toml
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
-from disttrain.launch.resolve import plan_and_resolve
 from disttrain.launch.slurm import requeue
 from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
+from disttrain.resolve.job import plan_and_resolve
 from disttrain.utils.malloc import keep_large_buffers_here
 
 
@@ -55,7 +55,7 @@ def launch_job(cfg: JobConfig) -> int:
 
     os.environ.update(debug_env(cfg.health.debug_presets, run_dir))  # read by the workers' c10d/NCCL at start
     if nproc == 1 and cfg.launch.nnodes == "1" and cfg.launch.max_restarts == 0:
-        from disttrain.launch import worker  # the trainer and FSDP: only here, in-process
+        from disttrain.jobs import run_worker as worker  # the trainer and FSDP: only here, in-process
 
         torch.set_num_threads(threads_per_rank(1, device))
         if device == "cpu":
@@ -65,7 +65,7 @@ def launch_job(cfg: JobConfig) -> int:
         argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
         endpoint = cfg.launch.rdzv_endpoint
         with AgentWatch(run_dir, endpoint, cfg.launch.max_restarts) if endpoint else contextlib.nullcontext():
-            code = run_torchrun([*argv, "-m", "disttrain.launch.worker", str(run_dir)], nproc, device)
+            code = run_torchrun([*argv, "-m", "disttrain.jobs.run_worker", str(run_dir)], nproc, device)
     if code in STOPPED_CODES:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a second Ctrl-C must not cut the line
         line = interrupted(cfg, run_dir, code)

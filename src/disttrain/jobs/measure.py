@@ -256,7 +256,7 @@ def measure(
                 )
             )
             code, tail = run_module_captured(
-                "disttrain.plan.measure", [str(spec)], nproc, device, env=env, timeout=timeout
+                "disttrain.jobs.measure", [str(spec)], nproc, device, env=env, timeout=timeout
             )
             if code != 0:
                 results[s] = {"error": f"exit {code}: {tail}"}

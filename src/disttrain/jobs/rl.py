@@ -74,7 +74,7 @@ def start(rank: int, world: int, host: str, port: int, config: Path, run_dir: Pa
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings when an actor dies
     log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
     out = None if rank == 0 else log
-    cmd = [sys.executable, "-m", "disttrain.rl.worker", str(config), str(run_dir)]
+    cmd = [sys.executable, "-m", "disttrain.jobs.rl_worker", str(config), str(run_dir)]
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=log if rank else None)
 
 

@@ -1,4 +1,4 @@
-"""``python -m disttrain.rl.worker CONFIG.json RUN_DIR`` (started by ``disttrain rl``): rank 0 is the
+"""``python -m disttrain.jobs.rl_worker CONFIG.json RUN_DIR`` (started by ``disttrain rl``): rank 0 is the
 learner, ranks 1.. the actors. The learner writes ``metrics.jsonl``, ``summary.json`` and the progress lines."""
 
 from __future__ import annotations

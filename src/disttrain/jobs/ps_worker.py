@@ -1,4 +1,4 @@
-"""``python -m disttrain.ps.worker CONFIG.json RUN_DIR`` under torchrun: ranks below ``trainers`` train,
+"""``python -m disttrain.jobs.ps_worker CONFIG.json RUN_DIR`` under torchrun: ranks below ``trainers`` train,
 the rest serve. Trainer 0 creates the tables, writes ``metrics.jsonl`` and ``summary.json``, and prints."""
 
 from __future__ import annotations
