@@ -18,7 +18,7 @@ RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key 
 
 def main(argv: list[str]) -> int:
     from disttrain.jobs.run import launch_job
-    from disttrain.resolve.job import plan_and_resolve
+    from disttrain.resolve import resolve
 
     p = argparse.ArgumentParser(prog="disttrain run", add_help=False)
     p.add_argument("--config", default=None)
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
 
         return write_run_sbatch(cfg)
     if known.print_config:
-        resolved, choice = plan_and_resolve(cfg)
-        print(f"# strategy {resolved.parallel.strategy}: {choice.reason}\n{to_toml(resolved)}", end="")
+        job = resolve(cfg)
+        print(f"# strategy {job.strategy}: {job.reason}\n{to_toml(job.config)}", end="")
         return 0
     return launch_job(cfg)

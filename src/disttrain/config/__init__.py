@@ -18,6 +18,7 @@ from disttrain.config.io import from_dict, load_toml, to_dict, to_toml
 from disttrain.config.job import BatchPlan, JobConfig, known_keys, resolve_batch, section_types
 from disttrain.config.overrides import apply_overrides, check_override_keys
 from disttrain.config.parallel import LaunchConfig, ParallelConfig
+from disttrain.config.resolved import RESOLVED_FILE, ResolvedJob
 from disttrain.config.runtime import CheckpointConfig, HealthConfig, RunConfig
 from disttrain.config.sections import (
     DataConfig,
@@ -32,6 +33,7 @@ from disttrain.errors import ConfigError
 
 __all__ = [
     "DTYPES",
+    "RESOLVED_FILE",
     "BatchPlan",
     "CheckpointConfig",
     "ConfigError",
@@ -44,6 +46,7 @@ __all__ = [
     "OptimConfig",
     "ParallelConfig",
     "PrecisionConfig",
+    "ResolvedJob",
     "RunConfig",
     "TrainConfig",
     "apply_overrides",

@@ -79,11 +79,6 @@ class ParallelConfig:
         )
         if self.device_memory != "auto":
             parse_bytes(self.device_memory, "parallel.device_memory")
-        check(
-            not (self.offload and self.strategy in ("single", "ddp")),
-            f"parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp, hsdp or auto, "
-            f"not {self.strategy!r}",
-        )
         ac = self.activation_checkpointing
         check(
             ac in ("none", "full") or (ac.isdigit() and int(ac) >= 1),

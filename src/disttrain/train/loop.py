@@ -107,8 +107,8 @@ class FitLoop:
             f"{plan.accum_steps} x dp {plan.dp_size}{tokens} | {cfg.precision.dtype} | "
             f"peak {t.peak:.2f} TFLOP/s/rank ({t.peak_source})"
         )
-        if cfg.parallel.strategy == "auto":
-            self.console.print(f"strategy {t.dims.strategy}: {t.strategy_reason}")
+        if t.job.auto:
+            self.console.print(f"strategy {t.dims.strategy}: {t.job.reason}")
         if self.console.enabled:
             self.console.print(model_summary(t.model.inner, env.world_size))
         resumed = self.resumed

@@ -10,7 +10,6 @@ alone), applies the configured strategy through :func:`disttrain.parallelize`, a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -25,15 +24,15 @@ from torch.utils.data import Dataset
 
 from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model
 from disttrain.checkpoint.pretrained import load_pretrained
-from disttrain.config import DTYPES, JobConfig, resolve_batch
+from disttrain.config import DTYPES, JobConfig, ResolvedJob
 from disttrain.data.loader import GlobalBatchLoader, eval_batches, to_device
 from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor
 from disttrain.health.signals import PREEMPT
-from disttrain.parallel.env import DistEnv, init_distributed, resolve_precision, seed_everything
+from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategy import Parallelized, parallelize
-from disttrain.plan.choose import auto_strategy
+from disttrain.plan.choose import resolve_here
 from disttrain.train import metrics as M
 from disttrain.train.loop import FitLoop, FitResult
 from disttrain.train.loss import LossFn, Objective, cross_entropy
@@ -56,23 +55,31 @@ class Trainer:
         run_dir: str | Path | None = None,
         env: DistEnv | None = None,
         checkpoint: CheckpointManager | None = None,
-        dims: ParallelDims | None = None,
+        job: ResolvedJob | None = None,
     ) -> None:
-        self.cfg = cfg = config or JobConfig()
+        cfg = job.config if job is not None else config or JobConfig()
         # collectives get the long start-up timeout until the first step is done (then parallel.timeout_s)
         self.env = env or init_distributed(
             cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s)
         )
-        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.env.device.type))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.objective = Objective.from_config(cfg.model, model, loss_fn)
         self.loss_fn = self.objective.loss_fn
         self.checkpoint = checkpoint
-        self._set_global_modes()
-        self.strategy_reason = "forced by parallel.strategy"
-        self.dims = dims or self._choose_dims(model, train_data, loss_fn)
-        cfg = self.cfg  # auto may have resolved parallel settings from the plan
-        self.plan = resolve_batch(cfg.train, self.dims.dp_size)
+        self._set_global_modes(cfg)
+        # the job as it runs: resolved by `disttrain run`'s parent, or here for the Python API
+        self.job = job or resolve_here(
+            model,
+            train_data[0],
+            cfg,
+            self.env.world_size,
+            self.env.local_world_size,
+            self.env.device.type,
+            loss_fn,
+        )
+        self.cfg = cfg = self.job.config
+        self.dims = ParallelDims.of(self.job)
+        self.plan = self.job.batch
         dp_rank = self.env.rank
         self.loader = GlobalBatchLoader(
             train_data, self.plan.micro_batch, self.plan.accum_steps, dp_rank, self.dims.dp_size, cfg.train.seed
@@ -106,25 +113,13 @@ class Trainer:
         )
         self.guard = StepGuard(cfg.health)
 
-    def _set_global_modes(self) -> None:
+    def _set_global_modes(self, cfg: JobConfig) -> None:
         """Determinism, anomaly detection and seeds: process-wide settings the job asks for."""
-        cfg = self.cfg
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         if "anomaly" in cfg.health.debug_presets:
             torch.autograd.set_detect_anomaly(True)  # names the op that produced a NaN in backward (slow)
         seed_everything(cfg.train.seed)
-
-    def _choose_dims(self, model: nn.Module, train_data: Dataset[Any], loss_fn: LossFn) -> ParallelDims:
-        """The layout when the caller gave none: ``auto`` from the memory plan over several ranks."""
-        cfg, env = self.cfg, self.env
-        strategy = None
-        if cfg.parallel.strategy == "auto" and env.world_size > 1:
-            strategy, self.strategy_reason, tuned = auto_strategy(
-                model, train_data[0], cfg, env.world_size, env.local_world_size, loss_fn
-            )
-            self.cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **tuned))
-        return ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size, strategy)
 
     # -- one step -------------------------------------------------------------------------------
     def _all_reduce_mean(self, values: list[float]) -> list[float]:
