@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -58,3 +60,18 @@ def test_the_global_norm_of_a_plain_model() -> None:
     assert strategies.get("single").clip_grad_norm_(model, 0) == pytest.approx(5.0)
     assert strategies.get("single").clip_grad_norm_(model, 1.0) == pytest.approx(5.0)
     assert torch.linalg.vector_norm(model.weight.grad) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_a_resolved_job_changes_only_for_an_elastic_membership(tmp_path: Path) -> None:
+    from disttrain.config import JobConfig, ResolvedJob, TrainConfig, resolve_batch, to_dict
+
+    cfg = JobConfig(train=TrainConfig(global_batch=64, micro_batch=8))
+    job = ResolvedJob(cfg, "cpu", 2, 2, "hsdp", 2, 2, resolve_batch(cfg.train, 4), reason="auto: ...", auto=True)
+    assert job.at_world(4, 2) is job  # as planned: nothing re-derived
+    alone = job.at_world(2, 2)  # one node of the two left
+    assert (alone.nnodes, alone.nproc, alone.world_size) == (1, 2, 2)
+    assert alone.batch.accum_steps == 2 * job.batch.accum_steps and alone.batch.global_batch == job.batch.global_batch
+    assert (ParallelDims.of(alone).replicate, ParallelDims.of(alone).shard) == (1, 2)
+    assert to_dict(ResolvedJob.from_json(job.to_json()).config) == to_dict(cfg)
+    with pytest.raises(ConfigError, match=r"has no resolved\.json"):
+        ResolvedJob.read(tmp_path)
