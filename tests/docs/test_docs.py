@@ -325,3 +325,14 @@ def test_the_readme_is_the_front_door() -> None:
     for page in sorted((ROOT / "docs").glob("*.md")):
         if page.name != "README.md":
             assert f"(docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
+
+
+def test_the_performance_page_holds_current_figures_only() -> None:
+    """Dated runs belong in benchmarks/HISTORY.md; the page names a benchmark script for its figures."""
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", page), (
+        "docs/performance.md: move dated runs to benchmarks/HISTORY.md"
+    )
+    assert "Recommendations" not in page
+    scripts = set(re.findall(r"`(bench_\w+\.py)", page))
+    assert scripts and all((ROOT / "benchmarks" / s).is_file() for s in scripts), scripts
