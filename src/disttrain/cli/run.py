@@ -11,7 +11,7 @@ RUN_HELP = """disttrain run [--config job.toml] [--print-config] [--section.key 
   --config FILE     read the job from a TOML file ([train] steps = 500, ...); options below override it
   --print-config    print the resolved config (TOML) and exit without training
   --max-restarts N  restart the job up to N times after a failure (= --launch.max-restarts)
-  --debug PRESETS   comms and/or anomaly, e.g. --debug comms,anomaly (= --health.debug; see README)
+  --debug PRESETS   comms and/or anomaly, e.g. --debug comms,anomaly (= --health.debug; see docs/fault-tolerance.md)
   --slurm           write an sbatch script for --launch.nnodes nodes (one launcher per node) and exit
 """
 

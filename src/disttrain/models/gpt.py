@@ -34,7 +34,7 @@ def causal_chunks(t: int) -> int:
     """Query chunks for :func:`causal_attention_bmm`: none below t = 512, then 2, then rows of 512.
 
     Measured by ``benchmarks/bench_attention.py`` (bf16, AMD EPYC AVX512-BF16, one thread, the job's allocator;
-    figures in docs/benchmarks.md): against one chunk, attention is 1.15x faster at t = 512 in 2 chunks, 1.20x
+    figures in docs/performance.md): against one chunk, attention is 1.15x faster at t = 512 in 2 chunks, 1.20x
     at 1024 in 2 (4: 1.21x), 1.35x at 2048 in 4, and a training step 1.06-1.18x. At t = 256 the step is not
     measurably faster: the slicing in the backward costs what the skipped blocks save.
     """
