@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from disttrain.testing.launch import together
+from disttrain.testing.launch import DISTTRAIN, together
 from disttrain.testing.netns import Host, two_hosts, why_not
 from disttrain.testing.tiny import tiny_cli_args
 
@@ -83,8 +83,6 @@ def test_hsdp_over_two_hosts_equals_one_process_and_resumes_on_one_host(tmp_path
 
 
 def disttrain_cmd(args: list[str]) -> list[str]:
-    from disttrain.testing.launch import DISTTRAIN
-
     return [str(DISTTRAIN), *args]
 
 
