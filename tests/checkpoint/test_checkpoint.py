@@ -1,5 +1,5 @@
 """Checkpoints: exact resume after kill -9, load on another world size / strategy, crashes during a save,
-corrupt files skipped, keep-k purge. Faults are injected on purpose (DISTTRAIN_FAULT, see checkpoint.py)."""
+corrupt files skipped, keep-k purge. Faults are injected on purpose (DISTTRAIN_FAULT, see disttrain.testing.faults)."""
 
 from __future__ import annotations
 
