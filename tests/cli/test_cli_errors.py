@@ -10,8 +10,9 @@ import pytest
 
 from disttrain.config import JobConfig, apply_overrides
 from disttrain.errors import ConfigError
+from disttrain.testing.launch import together
 
-from conftest import disttrain, together
+from conftest import disttrain
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -68,6 +68,10 @@ def reporter(cfg: PSConfig, run_dir: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
+        from disttrain.testing.faults import install
+
+        install()
     cfg = PSConfig.from_dict(json.loads(Path(argv[0]).read_text()))
     run_dir = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -22,7 +22,7 @@ from disttrain.rl.config import RLConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.learner import Learner, mean
 from disttrain.rpc import transport
-from disttrain.utils.faults import fault_matches
+from disttrain.utils import hooks
 from disttrain.utils.process import run_and_exit
 
 STOP_KEY = "rl/stop"
@@ -71,8 +71,8 @@ def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
         lr.release()
         if trained and cfg.checkpoint_every and lr.c.updates % cfg.checkpoint_every == 0:
             state.save(run_dir, lr)
-        if trained and fault_matches("rl_learner_kill", lr.c.updates, 0):
-            os.kill(os.getpid(), 9)  # tests: the learner dies after update k
+        if trained:
+            hooks.fire("learner_update", lr.c.updates, 0)
         if time.perf_counter() - last_log >= cfg.log_every_s:
             last_log = time.perf_counter()
             rec = record(lr, t0, steps0)
@@ -99,6 +99,10 @@ def wait_for_actors(lr: Learner, cfg: RLConfig, quiet_s: float = 10.0) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
+        from disttrain.testing.faults import install
+
+        install()
     cfg = RLConfig.from_dict(json.loads(Path(argv[0]).read_text()))
     run_dir = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
