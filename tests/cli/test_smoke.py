@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import disttrain, tiny_cli_args, together
+from disttrain.testing.launch import together
+from disttrain.testing.tiny import tiny_cli_args
+
+from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
