@@ -30,7 +30,8 @@ T = TypeVar("T")
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(TESTS))
+    # this checkout's src first: the venv's editable install may point at another checkout (a git worktree)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join((str(ROOT / "src"), str(TESTS))))
     return env
 
 

@@ -12,7 +12,7 @@ import torch
 
 from disttrain.errors import ConfigError
 from disttrain.rl import state
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLConfig, RLJobConfig, RLTrainConfig
 from disttrain.rl.envs import EnvSpec, env_spec
 from disttrain.rl.learner import Learner
 from disttrain.rl.nets import choose, make_net
@@ -62,8 +62,8 @@ def test_the_exploration_ladder_spans_eps_base_to_near_greedy() -> None:
 
 def test_learner_side_batched_inference_gives_the_actions_actor_side_inference_gives() -> None:
     cfg = RLConfig(actors=3)
-    lr = Learner(cfg, EnvSpec(4, 2))
-    actor_net = make_net(4, 2, cfg.hidden, cfg.seed)  # an actor's copy: the same weights
+    lr = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))
+    actor_net = make_net(4, 2, cfg.hidden, RLTrainConfig().seed)  # an actor's copy: the same weights
     pairs = zip(actor_net.state_dict().values(), lr.acting.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
     obs = [torch.randn(64, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
@@ -100,7 +100,7 @@ def _experience(n: int, seed: int) -> dict[str, object]:
 
 def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: Path) -> None:
     cfg = RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True)
-    a = Learner(cfg, EnvSpec(4, 2))
+    a = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))
     for k in range(8):
         a.receive(_experience(100, k))
         a.drain(0.0)
@@ -108,9 +108,7 @@ def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: 
             pass
     assert a.c.updates > 0 and len(a.replay) == 500 and a.c.env_steps == 800
     state.save(tmp_path, a)
-    b = Learner(
-        RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True, seed=5), EnvSpec(4, 2)
-    )
+    b = Learner(RLJobConfig(rl=cfg, train=RLTrainConfig(seed=5)), EnvSpec(4, 2))
     assert state.resume(tmp_path, b) is not None
     for k in ("env_steps", "episodes", "updates", "version"):
         assert getattr(b.c, k) == getattr(a.c, k), k
@@ -138,11 +136,12 @@ def test_an_unusable_environment_is_one_clear_error(env_id: str, message: str) -
 
 
 def test_every_disttrain_rl_command_in_the_readme_parses() -> None:
-    from disttrain.config.overrides import parse_dataclass
+    from disttrain.config import parse_command
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     commands = [line.split("#")[0].split()[2:] for line in readme.splitlines() if line.startswith("disttrain rl")]
     assert len(commands) >= 5
     for argv in commands:
-        cfg = parse_dataclass(RLConfig, argv, prog="disttrain rl")
-        env_spec(cfg.env_id)
+        line = parse_command(RLJobConfig, argv, "disttrain rl", "")
+        assert line is not None
+        env_spec(line.cfg.rl.env_id)
