@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from disttrain.config import load_toml, to_dict
 from disttrain.ps.clicks import ClickLog, write_criteo
+from disttrain.ps.config import PSJobConfig
 
 from conftest import BIN, child_env, disttrain, together
 
@@ -44,7 +46,11 @@ def ps_job(
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run = tmp / name
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return records, json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    # the resolved job in the run folder is the one the workers ran
+    written = load_toml(run / "config.toml", job=PSJobConfig)
+    assert json.loads(json.dumps(to_dict(written))) == summary["config"] and written.run.name == name
+    return records, summary
 
 
 # BSP over 2 trainers x 2 servers, 12 steps, server checkpoints every 4: the reference of the BSP equalities and
@@ -67,7 +73,13 @@ TWO_BY_TWO = [
 
 @pytest.fixture(scope="module")
 def bsp_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    return ps_job(tmp_path_factory.mktemp("ps-bsp"), "bsp", *TWO_BY_TWO)
+    """TWO_BY_TWO, from a TOML file (--config) but for the steps, an override on top of it and of SMALL."""
+    tmp = tmp_path_factory.mktemp("ps-bsp")
+    job = tmp / "job.toml"
+    job.write_text('[ps]\ntrainers = 2\nservers = 2\nmode = "bsp"\n[train]\nbatch = 64\n[checkpoint]\ninterval = 4\n')
+    records, summary = ps_job(tmp, "bsp", "--config", str(job), "--train.steps", "12")
+    assert (summary["config"]["train"]["steps"], summary["config"]["checkpoint"]["interval"]) == (12, 4)
+    return records, summary
 
 
 @pytest.mark.slow

@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from disttrain.config import load_toml, to_dict
+from disttrain.rl.config import RLJobConfig
+
 from conftest import BIN, child_env, disttrain, together
 
 RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
@@ -24,6 +27,10 @@ def rl_job(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None, 
     )
     if ok:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        # the resolved job in the run folder is the one the learner ran
+        written = load_toml(tmp / name / "config.toml", job=RLJobConfig)
+        summary = json.loads((tmp / name / "summary.json").read_text())
+        assert json.loads(json.dumps(to_dict(written))) == summary["config"] and written.run.name == name
     return proc
 
 
@@ -59,8 +66,9 @@ def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path
 def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) -> None:
     """Also: two actors killed with one spare: the first is replaced, then the learner goes on with one."""
     kill = {"DISTTRAIN_FAULT": "rl_actor_kill:10:1,rl_actor_kill:14:2"}
-    args = ["--rl.algo", "reinforce", "--rl.inference", "learner", "--rl.actors", "2", "--rl.spare-actors", "1"]
-    proc = rl_job(tmp_path, "pg", *args, "--train.max-env-steps", "20000", env=kill)
+    job = tmp_path / "pg.toml"  # the job from a TOML file (--config), the step cap an override on top
+    job.write_text('[rl]\nalgo = "reinforce"\ninference = "learner"\nactors = 2\nspare_actors = 1\n')
+    proc = rl_job(tmp_path, "pg", "--config", str(job), "--train.max-env-steps", "20000", env=kill)
     lines = [x for x in proc.stderr.splitlines() if x.startswith("disttrain rl: actor")]
     assert len(lines) == 2 and {x.split("(rank ")[1][0] for x in lines} == {"1", "2"}, lines
     first, second = lines  # whichever died first got the spare
@@ -68,6 +76,7 @@ def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) ->
     assert "exited with code -9; the learner goes on with the others" in second, lines
     summary = json.loads((tmp_path / "pg" / "summary.json").read_text())
     assert summary["return"] > 2 * RANDOM_RETURN and summary["updates"] >= 10, summary
+    assert summary["config"]["rl"]["algo"] == "reinforce" and summary["config"]["train"]["max_env_steps"] == 20000
 
 
 @pytest.mark.slow
