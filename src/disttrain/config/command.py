@@ -91,7 +91,7 @@ def describe(summary: str, flags: Sequence[Flag]) -> str:
     width = 24
     # indented: tyro joins a line that starts with a letter to the one before it
     lines = [textwrap.fill(summary, 100, initial_indent="  ", subsequent_indent="  ")]
-    lines += ["", "command options (the --section.key options below can also come from the --config file):"]
+    lines += ["", "command options:"]
     for f in flags:
         head = f"  {f.name} {f.metavar}" if f.metavar else f"  {f.name}"
         text = f.help + (f" (= --{f.key.replace('_', '-')})" if f.key else "")
