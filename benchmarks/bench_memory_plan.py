@@ -315,7 +315,7 @@ def throughput_worker(args: argparse.Namespace) -> None:
     from disttrain.build import build_model
     from disttrain.data.text import load_text_data
     from disttrain.parallel.env import init_distributed
-    from disttrain.parallel.mesh import SHARDED
+    from disttrain.parallel.strategies import SHARDED
     from disttrain.train.trainer import Trainer
 
     env = init_distributed("cpu", threads=1)

@@ -20,7 +20,7 @@ would on real hosts; the bytes across the link do not depend on that.
 
     .venv/bin/python benchmarks/bench_multinode.py [--steps 30] [--repeats 1] [--rate 1gbit]  # as root
 
-(the figures in docs/benchmarks.md: ``--repeats 2``, about 5 minutes on 2 cores).
+(the figures in docs/performance.md: ``--repeats 2``, about 5 minutes on 2 cores).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.config import from_dict
     from disttrain.parallel.env import init_distributed
-    from disttrain.parallel.mesh import SHARDED
+    from disttrain.parallel.strategies import SHARDED
     from disttrain.train.trainer import Trainer
 
     spec = json.loads(Path(args.spec).read_text())

@@ -40,10 +40,10 @@ def make_trainer(cfg: Any, text: Any, env: Any, ckpt_folder: Path | None = None)
     """A Trainer as a job builds it, with a CheckpointManager writing under ``ckpt_folder`` if given."""
     from disttrain.build import build_model
     from disttrain.checkpoint import CheckpointManager
-    from disttrain.parallel.mesh import resolve_strategy
+    from disttrain.parallel.strategies import resolve_name
     from disttrain.train.trainer import Trainer
 
-    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+    strategy = resolve_name(cfg.parallel.strategy, env.world_size)
     manager = None
     if ckpt_folder is not None:
         manager = CheckpointManager(

@@ -26,7 +26,7 @@ from disttrain.data.text import load_text_data
 from disttrain.models.outputs import logits_of
 from disttrain.parallel.env import destroy_distributed, init_distributed
 from disttrain.parallel.fsdp import find_blocks
-from disttrain.parallel.mesh import resolve_strategy
+from disttrain.parallel.strategies import resolve_name
 from disttrain.train.trainer import Trainer
 
 
@@ -192,7 +192,7 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     cfg = from_dict(spec["config"])
     torch.manual_seed(cfg.train.seed)
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
-    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+    strategy = resolve_name(cfg.parallel.strategy, env.world_size)
     model = build_for_training(cfg, text.tokenizer.vocab_size, strategy in ("fsdp", "hsdp"))
     fixed = collate([text.val[i * 97] for i in range(8)])
     ckpt = None

@@ -1,4 +1,5 @@
-"""Whole jobs through the real CLI, as a user runs them: the README's commands and examples, TOML + overrides,
+"""Whole jobs through the real CLI, as a user runs them: the README's quick start, the Python API guide's examples,
+TOML + overrides,
 FSDP with a user's model and data, and what lands in the run folder."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from conftest import ROOT, child_env, disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 README = (ROOT / "README.md").read_text()
+PYTHON_API = (ROOT / "docs" / "python-api.md").read_text()
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -121,10 +123,10 @@ def test_user_dataset_by_import_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["own_loop", "trainer_api"])
-def test_readme_python_examples_run(tmp_path: Path, name: str) -> None:
+def test_the_python_api_guides_examples_run(tmp_path: Path, name: str) -> None:
     source = (ROOT / "examples" / f"{name}.py").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-    assert source in blocks, f"README must show examples/{name}.py verbatim"
+    blocks = re.findall(r"```python\n(.*?)```", PYTHON_API, flags=re.S)
+    assert source in blocks, f"docs/python-api.md must show examples/{name}.py verbatim"
     proc = disttrain("launch", "-n", "2", str(ROOT / "examples" / f"{name}.py"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     if name == "own_loop":

@@ -207,6 +207,22 @@ def test_the_hang_verdict_names_the_rank_behind_not_the_one_waiting_for_it(
 
 
 # -- stragglers ----------------------------------------------------------------------------------------------
+def test_a_straggler_slows_the_step_a_blip_in_a_short_phase_does_not(tmp_path: Path) -> None:
+    """Under load a rank's data wait of 0.1 ms can be 3 ms once: 30x, but 3% of a 100 ms step, no straggler.
+    A rank whose compute takes 3x the others' is one."""
+    mon = HealthMonitor(HealthConfig(straggler_interval=4), 0, 3, tmp_path, 600.0)
+
+    def judge(win: int, figures: dict[int, tuple[float, float]]) -> list[int]:
+        beats = {r: {"stats": {str(win): {"compute_s": c, "data_s": d}}} for r, (c, d) in figures.items()}
+        mon._check_stragglers(beats)
+        return mon.stragglers
+
+    assert judge(4, {0: (0.100, 0.003), 1: (0.100, 0.0001), 2: (0.101, 0.0001)}) == []
+    assert judge(8, {0: (0.100, 0.0001), 1: (0.300, 0.0001), 2: (0.101, 0.0001)}) == [1]
+    assert judge(12, {0: (0.100, 0.030), 1: (0.100, 0.0001), 2: (0.101, 0.0002)}) == [0]  # a real data wait
+    assert mon.rank_figures["data_s"] == [0.030, 0.0001, 0.0002]
+
+
 @pytest.mark.slow
 def test_a_slow_rank_is_named_a_straggler(tmp_path: Path, small_text: Path) -> None:
     extra = ["--health.straggler-interval", "4", "--checkpoint.interval", "0", "--checkpoint.save-final", "none"]

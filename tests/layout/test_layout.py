@@ -219,3 +219,24 @@ def test_ruff_checks_every_source_file() -> None:
     seen = {Path(line.strip()).resolve() for line in out.splitlines() if line.strip().endswith(".py")}
     missing = [str(p.relative_to(ROOT)) for p in python_files() if p.resolve() not in seen]
     assert not missing, f"ruff never checks these files (an excluded folder name?): {missing}"
+
+
+STRATEGY_NAME = r"\"(single|ddp|fsdp|hsdp|fsdp_no_reshard|fsdp_offload)\""
+NAME_COMPARISON = re.compile(
+    rf"(==|!=)\s*{STRATEGY_NAME}|{STRATEGY_NAME}\s*(==|!=)|\bin\s*\(\s*{STRATEGY_NAME}|\bin\s+SHARDED\b"
+)
+
+
+def test_no_strategy_name_is_compared_outside_the_registry() -> None:
+    """Strategies are objects (disttrain.parallel.strategies): code asks them, it does not compare names."""
+    home = SRC / "parallel" / "strategies"
+    ps = SRC / "ps"  # the parameter server's dense part has its own modes (ddp | server): not LM strategies
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in sorted(SRC.rglob("*.py"))
+        if home not in p.parents and ps not in p.parents
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if NAME_COMPARISON.search(line)
+    ]
+    assert not found, "strategy names compared outside the registry (ask the Strategy instead):\n" + "\n".join(found)
+    assert NAME_COMPARISON.search('if strategy == "hsdp":') and NAME_COMPARISON.search('x in ("single", "ddp")')

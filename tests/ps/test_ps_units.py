@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -123,15 +124,17 @@ def test_a_resumed_criteo_stream_goes_on_where_an_uninterrupted_one_would(tmp_pa
     assert torch.equal(fresh.ids, expected[0].ids) == (resume_at % 3 == 0)  # a whole pass later: the start again
 
 
-def test_every_disttrain_ps_command_in_the_readme_parses() -> None:
+def test_every_disttrain_ps_command_in_its_guide_parses() -> None:
+    from disttrain.cli.ps import FLAGS
     from disttrain.config import parse_command
     from disttrain.ps.config import PSJobConfig
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    commands = [line.split("#")[0].split()[2:] for line in readme.splitlines() if line.startswith("disttrain ps")]
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "parameter-server.md").read_text()
+    bash = "\n".join(re.findall(r"```bash\n(.*?)```", guide, flags=re.S))
+    commands = [line.split("#")[0].split()[2:] for line in bash.splitlines() if line.startswith("disttrain ps ")]
     assert len(commands) >= 5
     for argv in commands:
-        line = parse_command(PSJobConfig, argv, "disttrain ps", "")
+        line = parse_command(PSJobConfig, argv, "disttrain ps", "", FLAGS)
         assert line is not None and line.cfg.ps.servers >= 1, argv
 
 

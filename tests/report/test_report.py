@@ -199,3 +199,19 @@ def test_any_run_folder_reports_what_its_metrics_contain(tmp_path: Path) -> None
     page = (run / "report" / "report.html").read_text()
     assert set(re.findall(r'data-plot="([^"]+)"', page)) == {"loss", "auc", "staleness"}
     assert cells(page)[("ps-run", "auc")] == f"{recs[-1]['auc']:.6g}"
+
+
+def test_the_report_reads_the_job_the_run_resolved(tmp_path: Path) -> None:
+    """Tokens per step come from resolved.json (the batch the job ran with), config.toml only for older runs."""
+    from disttrain.config import JobConfig, ResolvedJob, resolve_batch
+
+    cfg = JobConfig()
+    job = ResolvedJob(cfg, "cpu", 2, 1, "ddp", 2, 1, resolve_batch(cfg.train, 2), reason="forced")
+    job.write(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 4.0}) + "\n")
+    run = load_run(tmp_path)
+    assert run.resolved["strategy"] == "ddp" and run.resolved["batch"]["accum_steps"] == job.batch.accum_steps
+    assert run.tokens_per_step() == cfg.train.global_batch * cfg.model.context
+    assert ResolvedJob.read(tmp_path) == job  # what the workers read back is what the parent wrote
+    (tmp_path / "resolved.json").unlink()
+    assert load_run(tmp_path).tokens_per_step() == cfg.train.global_batch * cfg.model.context

@@ -3,6 +3,7 @@ actor-side inference, and the learner's checkpoint round trip."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -135,11 +136,12 @@ def test_an_unusable_environment_is_one_clear_error(env_id: str, message: str) -
     assert env_spec("CartPole-v1") == EnvSpec(4, 2)
 
 
-def test_every_disttrain_rl_command_in_the_readme_parses() -> None:
+def test_every_disttrain_rl_command_in_its_guide_parses() -> None:
     from disttrain.config import parse_command
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    commands = [line.split("#")[0].split()[2:] for line in readme.splitlines() if line.startswith("disttrain rl")]
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "reinforcement-learning.md").read_text()
+    bash = "\n".join(re.findall(r"```bash\n(.*?)```", guide, flags=re.S))
+    commands = [line.split("#")[0].split()[2:] for line in bash.splitlines() if line.startswith("disttrain rl ")]
     assert len(commands) >= 5
     for argv in commands:
         line = parse_command(RLJobConfig, argv, "disttrain rl", "")

@@ -9,14 +9,19 @@ own model and data (--model.module, --data.module), under DDP, FSDP or HSDP as t
 
 FLAGS = (
     Flag("--max-restarts", "restart the job up to N times after a failure", "N", key="launch.max_restarts"),
-    Flag("--debug", "comms and/or anomaly, e.g. --debug comms,anomaly", "PRESETS", key="health.debug"),
+    Flag(
+        "--debug",
+        "comms and/or anomaly, e.g. --debug comms,anomaly (docs/fault-tolerance.md)",
+        "PRESETS",
+        key="health.debug",
+    ),
     Flag("--slurm", "write an sbatch script for --launch.nnodes nodes (one launcher per node) and exit"),
 )
 
 
 def main(argv: list[str]) -> int:
     from disttrain.jobs.run import launch_job
-    from disttrain.resolve.job import plan_and_resolve
+    from disttrain.resolve import resolve
 
     line = parse_command(JobConfig, argv, "disttrain run", SUMMARY, FLAGS)
     if line is None:
@@ -27,7 +32,7 @@ def main(argv: list[str]) -> int:
 
         return write_run_sbatch(cfg)
     if line.print_config:
-        resolved, choice = plan_and_resolve(cfg)
-        print(f"# strategy {resolved.parallel.strategy}: {choice.reason}\n{to_toml(resolved)}", end="")
+        job = resolve(cfg)
+        print(f"# strategy {job.strategy}: {job.reason}\n{to_toml(job.config)}", end="")
         return 0
     return launch_job(cfg)

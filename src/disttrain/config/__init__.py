@@ -17,11 +17,12 @@ which reuse the run, launch and health sections) with ``job=``.
 Imports only ``disttrain.errors`` from disttrain (layer 1: everything else may import it).
 """
 
-from disttrain.config.command import CommandLine, Flag, parse_command
+from disttrain.config.command import COMMON_FLAGS, CommandLine, Flag, parse_command
 from disttrain.config.io import from_dict, load_toml, to_dict, to_toml
 from disttrain.config.job import BatchPlan, JobConfig, known_keys, resolve_batch, section_types
 from disttrain.config.overrides import apply_overrides, check_override_keys
 from disttrain.config.parallel import LaunchConfig, ParallelConfig
+from disttrain.config.resolved import RESOLVED_FILE, ResolvedJob
 from disttrain.config.runtime import CheckpointConfig, HealthConfig, RunConfig
 from disttrain.config.sections import (
     DataConfig,
@@ -35,7 +36,9 @@ from disttrain.config.values import DTYPES, parse_bytes
 from disttrain.errors import ConfigError
 
 __all__ = [
+    "COMMON_FLAGS",
     "DTYPES",
+    "RESOLVED_FILE",
     "BatchPlan",
     "CheckpointConfig",
     "CommandLine",
@@ -50,6 +53,7 @@ __all__ = [
     "OptimConfig",
     "ParallelConfig",
     "PrecisionConfig",
+    "ResolvedJob",
     "RunConfig",
     "TrainConfig",
     "apply_overrides",

@@ -62,7 +62,7 @@ class ParallelConfig:
     the biggest block unit and no parameter is shared between the two sides (a tied head stays in the root)."""
     compile: Literal["auto", "off", "blocks", "model"] = "auto"
     """torch.compile: off, blocks (each block on its own, the FSDP units), or model (the whole model);
-    auto: what measured fastest on this kind of device (see docs/benchmarks.md)."""
+    auto: what measured fastest on this kind of device (see docs/performance.md)."""
     ddp_bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
     timeout_s: float = 600.0
@@ -79,11 +79,6 @@ class ParallelConfig:
         )
         if self.device_memory != "auto":
             parse_bytes(self.device_memory, "parallel.device_memory")
-        check(
-            not (self.offload and self.strategy in ("single", "ddp")),
-            f"parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp, hsdp or auto, "
-            f"not {self.strategy!r}",
-        )
         ac = self.activation_checkpointing
         check(
             ac in ("none", "full") or (ac.isdigit() and int(ac) >= 1),

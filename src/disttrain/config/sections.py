@@ -137,8 +137,11 @@ class OptimConfig:
     weight_decay: float = 0.1
     """AdamW weight decay (applied to matrices only, not to biases, norms or embeddings)."""
     beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean."""
     beta2: float = 0.95
+    """AdamW's decay rate of the squared gradient's running mean."""
     eps: float = 1e-8
+    """AdamW's term added to the denominator for numerical stability."""
     grad_clip: float = 1.0
     """Clip the global grad norm to this (0 = no clipping; the norm is still measured)."""
 

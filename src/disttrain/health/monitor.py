@@ -77,6 +77,10 @@ def _open_store(rank: int) -> Any:
     return dist.PrefixStore(f"disttrain/health/a{attempt()}", store)
 
 
+STRAGGLER_MIN_SHARE = 0.05
+"""A straggler's excess time per step must be at least this share of the other ranks' median step."""
+
+
 class HealthMonitor:
     """Per-rank heartbeats; on rank 0 also the hang watchdog and the straggler comparison."""
 
@@ -348,12 +352,17 @@ class HealthMonitor:
         win = max(wins)
         self._judged_win = win
         slow: dict[int, str] = {}
+        stats = {r: b["stats"][str(win)] for r, b in beats.items()}
+        steps = {r: st["compute_s"] + st["data_s"] for r, st in stats.items()}
         for key in ("compute_s", "data_s"):
-            vals = {r: b["stats"][str(win)][key] for r, b in beats.items()}
+            vals = {r: st[key] for r, st in stats.items()}
             self.rank_figures[key] = [vals[r] for r in sorted(vals)]
             for r, v in vals.items():
                 ref = statistics.median(x for q, x in vals.items() if q != r)
-                if v > self.cfg.straggler_factor * ref and v - ref > 1e-3:
+                # a rank slows the job only by an excess that is a visible share of the others' step: a data
+                # wait of 1.6x 0.1 ms (a busy machine preempting the rank once) is no straggler
+                floor = max(1e-3, STRAGGLER_MIN_SHARE * statistics.median(x for q, x in steps.items() if q != r))
+                if v > self.cfg.straggler_factor * ref and v - ref > floor:
                     slow[r] = f"{key[:-2]} {v * 1e3:.1f} ms/step vs {ref * 1e3:.1f} ms ({v / max(ref, 1e-9):.1f}x)"
         self.stragglers = sorted(slow)
         for r, why in slow.items():

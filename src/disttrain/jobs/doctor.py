@@ -69,7 +69,7 @@ def check_cuda() -> list[Check]:
                     "cuda",
                     "WARN",
                     "this machine has NVIDIA GPUs but torch is a CPU build",
-                    "install a CUDA build of torch first (see README: Torch on GPU machines)",
+                    "install a CUDA build of torch first (see the README: Torch, CPU machines and GPU machines)",
                 )
             ]
         if gpus_here:

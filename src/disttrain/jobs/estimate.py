@@ -15,6 +15,7 @@ from typing import Any
 from disttrain.config import JobConfig
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import check_nproc, default_nproc
+from disttrain.parallel.strategies import COLUMNS as STRATEGY_COLUMNS
 from disttrain.plan.choose import tuned_parallel
 from disttrain.plan.estimate import (
     Estimate,
@@ -87,7 +88,9 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
     if nproc == 1:
         measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}
     else:
-        cols = [c for c in COLUMNS if c != "hsdp" and (est.fits[c] or cfg.parallel.force)]
+        cols = [
+            c for c in COLUMNS if STRATEGY_COLUMNS[c].distinct_at(nproc, nnodes) and (est.fits[c] or cfg.parallel.force)
+        ]
         tuned = {c: tuned_parallel(cfg, est, c) for c in cols}
         measured = run_measure(with_parallel(cfg, device=device), nproc, cols, tuned=tuned)
     learned = learn_efficiency(est, measured)

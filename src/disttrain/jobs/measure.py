@@ -151,13 +151,13 @@ def measure_strategy(
     (see :func:`measure`); ``keep_buffers``: the timed steps run with the allocator a CPU job runs with
     (:func:`disttrain.utils.malloc.keep_large_buffers`), after one more step to settle it."""
     from disttrain.build import build_data, build_model, vocab_size
-    from disttrain.parallel.mesh import SHARDED
+    from disttrain.parallel.strategies import COLUMNS
     from disttrain.train.trainer import Trainer
 
-    offload = strategy == "fsdp_offload"
-    name = {"fsdp_offload": "fsdp", "fsdp_no_reshard": "fsdp"}.get(strategy, strategy)
-    parallel = dataclasses.replace(cfg.parallel, strategy=name, offload=offload)  # type: ignore[arg-type]
-    if strategy == "fsdp_no_reshard":
+    column = COLUMNS[strategy]  # a plan column: a strategy with its options
+    name = column.strategy.name
+    parallel = dataclasses.replace(cfg.parallel, strategy=name, offload=column.offload)  # type: ignore[arg-type]
+    if not column.reshard:
         parallel = dataclasses.replace(parallel, reshard_after_forward="never")
     cfg = dataclasses.replace(cfg, parallel=parallel)
     train, _, text = build_data(cfg)
@@ -171,7 +171,7 @@ def measure_strategy(
         base = torch.cuda.memory_allocated()
     with RssPeak() as rss:
         base_rss = rss.peak
-        model = build_model(cfg, vocab, on_meta=name in SHARDED)
+        model = build_model(cfg, vocab, on_meta=column.sharded)
         trainer = Trainer(model, train, cfg, env=env)
         for _ in range(max(steps - 1, 0)):
             _step(trainer, keep_grads=False)

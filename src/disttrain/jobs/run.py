@@ -1,5 +1,6 @@
 """``disttrain run``, the parent's side: resolve the job, write the run folder (``config.toml``,
-``strategy.json``, ``memory_plan.txt``), then start the workers through torchrun (in-process when alone).
+``resolved.json``, ``strategy.json``, ``memory_plan.txt``), then start the workers through torchrun
+(in-process when alone).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from disttrain.config import JobConfig, to_toml
+from disttrain.config import JobConfig
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.slurm import requeue
 from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
-from disttrain.resolve.job import plan_and_resolve
+from disttrain.resolve import resolve
 from disttrain.utils.malloc import keep_large_buffers_here
 
 
@@ -38,18 +39,19 @@ def make_run_dir(cfg: JobConfig) -> Path:
 def launch_job(cfg: JobConfig) -> int:
     """``disttrain run``: resolve, write the run folder, start the workers (in-process when alone)."""
 
-    cfg, choice = plan_and_resolve(cfg)
+    job = resolve(cfg)
+    cfg = job.config
     run_dir = make_run_dir(cfg)
-    (run_dir / "config.toml").write_text(to_toml(cfg))
+    job.write(run_dir)
     (run_dir / "strategy.json").write_text(
-        json.dumps({"strategy": choice.strategy, "reason": choice.reason, "plan": choice.plan_json}, indent=2) + "\n"
+        json.dumps({"strategy": job.strategy, "reason": job.reason, "plan": job.plan_json}, indent=2) + "\n"
     )
-    if choice.plan_text:
-        (run_dir / "memory_plan.txt").write_text(choice.plan_text + "\n")
-    nproc, device = cfg.parallel.nproc or 1, cfg.parallel.device
+    if job.plan_text:
+        (run_dir / "memory_plan.txt").write_text(job.plan_text + "\n")
+    nproc, device = job.nproc, job.device
     print(
-        f"disttrain: {cfg.parallel.strategy} on {nproc} {device} process(es) x {cfg.launch.nnodes} node(s); "
-        f"run folder {run_dir}\ndisttrain: strategy {cfg.parallel.strategy}: {choice.reason}",
+        f"disttrain: {job.strategy} on {nproc} {device} process(es) x {cfg.launch.nnodes} node(s); "
+        f"run folder {run_dir}\ndisttrain: strategy {job.strategy}: {job.reason}",
         flush=True,
     )
 

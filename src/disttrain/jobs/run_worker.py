@@ -1,9 +1,9 @@
-"""One training job from a resolved config: the worker side of ``disttrain run``.
+"""One training job from a resolved job: the worker side of ``disttrain run``.
 
-The parent (``disttrain run``) validates the config, makes the run folder and writes ``config.toml``
-there, then starts the workers; each worker runs :func:`main` with that folder. Builds data and model,
-hands them to the :class:`Trainer`, then reports: final validation loss vs the unigram baseline, and a
-few lines of generated text for text models.
+The parent (``disttrain run``) validates the config, makes the run folder and writes ``config.toml`` and
+``resolved.json`` (:class:`~disttrain.config.ResolvedJob`) there, then starts the workers; each worker runs
+:func:`main` with that folder. Builds data and model, hands them to the :class:`Trainer`, then reports: final
+validation loss vs the unigram baseline, and a few lines of generated text for text models.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from disttrain.build import build_data, build_for_training, build_model, vocab_size
 from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.checkpoint.manager import CheckpointManager
-from disttrain.config import JobConfig, load_toml
+from disttrain.config import JobConfig, ResolvedJob
 from disttrain.data.text import TextData
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Preempted
 from disttrain.health.events import attempt, health_dir, log_event, record_exit
@@ -30,8 +30,8 @@ from disttrain.health.peers import PEER_LOST_EXIT, learn_nodes, lost_peer, other
 from disttrain.health.signals import STOPPING, install_stop_signals
 from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
+from disttrain.parallel import strategies
 from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
-from disttrain.parallel.mesh import ParallelDims
 from disttrain.train.trainer import FitResult, Trainer
 from disttrain.utils.process import exit_now, say_on_console
 
@@ -60,20 +60,24 @@ def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.
     return plain.to(trainer.env.device)
 
 
-def build_trainer(cfg: JobConfig, env: DistEnv, run_dir: Path) -> tuple[Trainer, TextData | None]:
-    """Data, model (on the meta device when it will be sharded), checkpoint manager and Trainer, sharing one
-    :class:`ParallelDims`."""
+def build_trainer(job: ResolvedJob, env: DistEnv, run_dir: Path) -> tuple[Trainer, TextData | None]:
+    """Data, model (on the meta device when it will be sharded), checkpoint manager and Trainer, all from the
+    job the parent resolved (at this attempt's membership, for an elastic job)."""
+    resolved = job.at_world(env.world_size, env.local_world_size)
+    if resolved is not job:
+        log.info("elastic membership %d x %d (planned %d x %d)", resolved.nnodes, resolved.nproc, job.nnodes, job.nproc)
+    cfg = resolved.config
     train, val, text = build_data(cfg)
-    dims = ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size)
-    model = build_for_training(cfg, vocab_size(train, text), dims.fsdp_enabled, env.local_world_size)
+    shards = strategies.get(resolved.strategy).shards_parameters
+    model = build_for_training(cfg, vocab_size(train, text), shards, env.local_world_size)
     ckpt = CheckpointManager(
         checkpoints_folder_of(cfg, run_dir),
         cfg.checkpoint,
         rank=env.rank,
         world_size=env.world_size,
-        strategy=dims.strategy,
+        strategy=resolved.strategy,
     )
-    trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env, checkpoint=ckpt, dims=dims)
+    trainer = Trainer(model, train, cfg, val_data=val, run_dir=run_dir, env=env, checkpoint=ckpt, job=resolved)
     return trainer, text
 
 
@@ -138,9 +142,10 @@ def report(run_dir: Path, summary: dict[str, Any], sample: str, has_text: bool) 
         log.info(line)
 
 
-def train_job(cfg: JobConfig, env: DistEnv, run_dir: Path) -> int:
+def train_job(job: ResolvedJob, env: DistEnv, run_dir: Path) -> int:
     t_start = time.time()
-    trainer, text = build_trainer(cfg, env, run_dir)
+    cfg = job.config
+    trainer, text = build_trainer(job, env, run_dir)
     if cfg.checkpoint.create_seed:
         return save_seed(trainer)
     result = trainer.fit()
@@ -210,13 +215,14 @@ def main(run_dir: str | Path) -> int:
     """Run the job in ``run_dir``; exit codes: 0 done, 2 a mistake in the job, 3 stopped on purpose."""
     run_dir = Path(run_dir)
     install_stop_signals()
-    cfg = load_toml(run_dir / "config.toml")
+    job = ResolvedJob.read(run_dir)
+    cfg = job.config
     # long collective timeout for the start-up; the Trainer sets parallel.timeout_s after the first step
     env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
     setup_logging(run_dir, env.rank)
     try:
         learn_nodes()
-        return train_job(cfg, env, run_dir)
+        return train_job(job, env, run_dir)
     except (ConfigError, CheckpointError) as e:
         if env.is_main:
             print(f"disttrain: error: {e}", file=sys.stderr, flush=True)

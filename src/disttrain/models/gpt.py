@@ -34,7 +34,7 @@ def causal_chunks(t: int) -> int:
     """Query chunks for :func:`causal_attention_bmm`: none below t = 512, then 2, then rows of 512.
 
     Measured by ``benchmarks/bench_attention.py`` (bf16, AMD EPYC AVX512-BF16, one thread, the job's allocator;
-    figures in docs/benchmarks.md): against one chunk, attention is 1.15x faster at t = 512 in 2 chunks, 1.20x
+    figures in docs/performance.md): against one chunk, attention is 1.15x faster at t = 512 in 2 chunks, 1.20x
     at 1024 in 2 (4: 1.21x), 1.35x at 2048 in 4, and a training step 1.06-1.18x. At t = 256 the step is not
     measurably faster: the slicing in the backward costs what the skipped blocks save.
     """
@@ -82,7 +82,7 @@ class Attention(nn.Module):
         if x.device.type != "cpu" or q.dtype == torch.float32 or not self.bmm_on_cpu:
             # fp32 on CPU: SDPA's flash kernel (it skips the masked half) is ~1.28x faster than the matmuls
             # below (attention forward + backward, AMD EPYC AVX2); emulated bf16: ~2x. With AVX512-BF16 the bmm path
-            # below is 1.13x faster per bf16 step (bench_mfu.py, 2026-12-04).
+            # below is 1.13x faster per bf16 step (benchmarks/bench_mfu.py; docs/performance.md).
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:
             # bf16 on a CPU with AMX or AVX512-BF16: batched matmuls beat SDPA's flash kernel (~1.17x, 1.13x per step).

@@ -11,7 +11,7 @@ dynamo resolves by running the root eagerly) and only the blocks' forwards end u
 checkpointing it fails, so that pair is refused up front.
 
 ``auto`` picks what measured fastest on the device type (``benchmarks/bench_mfu.py --compile``, recorded in
-docs/benchmarks.md). A C++ compiler that is missing, or a compile that fails, becomes a
+docs/performance.md). A C++ compiler that is missing, or a compile that fails, becomes a
 :class:`~disttrain.errors.ConfigError` naming the failure and the fix (``--parallel.compile off``).
 """
 
@@ -33,7 +33,7 @@ AUTO: dict[str, str] = {
     # torchtitan's choice on GPUs: per-block graphs (fused elementwise work), FSDP-friendly, compiled once.
     "cuda": "blocks",
     # 2-core AMD EPYC (AVX2), torch 2.13, default GPT in fp32: compile buys little and costs ~1 min of g++
-    # per process; see docs/benchmarks.md, section 3.
+    # per process; see docs/performance.md.
     "cpu": "off",
 }
 """What ``auto`` means per device type (anything not listed: off)."""

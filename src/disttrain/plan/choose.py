@@ -8,14 +8,16 @@ May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 from torch import nn
 
-from disttrain.config import JobConfig
+from disttrain.config import JobConfig, ResolvedJob, resolve_batch
 from disttrain.errors import ConfigError
+from disttrain.parallel import strategies
+from disttrain.parallel.strategies import COLUMNS
 from disttrain.plan.estimate import (
-    SHARDED_COLUMNS,
     Estimate,
     Layout,
     advice,
@@ -51,9 +53,12 @@ def decide(cfg: JobConfig, est: Estimate) -> Decision:
     overrides: dict[str, Any] = {}
     if strategy == "auto":
         choice, reason = est.choice, f"auto: {est.reason}"
-        if choice == "fsdp_no_reshard":
-            choice, overrides = "fsdp", {"reshard_after_forward": "never"}
-        if cfg.parallel.offload and choice in ("single", "ddp"):
+        planned = COLUMNS.get(choice)  # None for one process ("single")
+        if planned is not None:
+            choice = planned.strategy.name
+            if not planned.reshard:
+                overrides = {"reshard_after_forward": "never"}
+        if cfg.parallel.offload and not strategies.get(choice).shards_parameters:
             choice = "hsdp" if lay.nnodes > 1 and lay.nproc > 1 else "fsdp"
             reason = "auto: parallel.offload is set, and offloading needs sharded parameters"
     else:
@@ -84,12 +89,47 @@ def tuned_parallel(cfg: JobConfig, est: Estimate, column: str) -> dict[str, Any]
     """The FSDP knobs left ``auto`` resolved from the plan column that runs: blocks per unit, and the prefetch
     depth (the one that hides the all-gathers where collectives overlap compute; 1 on gloo, measured faster
     than FSDP's implicit prefetch there)."""
-    if column not in SHARDED_COLUMNS or column not in est.times:
+    if not COLUMNS[column].sharded or column not in est.times:
         return {}
     t = est.times[column]
     depth = t.prefetch if est.machine is not None and est.machine.overlap else 1
     wanted = {"blocks_per_unit": t.blocks_per_unit, "forward_prefetch": depth, "backward_prefetch": depth}
     return {k: v for k, v in wanted.items() if getattr(cfg.parallel, k) == "auto"}
+
+
+def resolve_here(
+    model: nn.Module,
+    sample: tuple[Any, Any],
+    cfg: JobConfig,
+    world: int,
+    local: int,
+    device_type: str,
+    loss_fn: LossFn,
+) -> ResolvedJob:
+    """The resolve step of the Python API, where no parent process resolved the job: the precision for this
+    device, ``auto`` from the plan of the model in hand (over several ranks), the degrees and the batch."""
+    from disttrain.parallel.env import resolve_precision
+    from disttrain.parallel.mesh import ParallelDims
+
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+    auto = cfg.parallel.strategy == "auto"
+    strategy, reason = None, "forced by parallel.strategy" if not auto else "auto: one process"
+    if auto and world > 1:
+        strategy, reason, tuned = auto_strategy(model, sample, cfg, world, local, loss_fn)
+        cfg = with_parallel(cfg, **tuned)
+    dims = ParallelDims.from_config(cfg.parallel, world, local, strategy)
+    return ResolvedJob(
+        config=with_parallel(cfg, strategy=dims.strategy),
+        device=device_type,
+        nproc=local,
+        nnodes=max(world // max(local, 1), 1),
+        strategy=dims.strategy,
+        replicate=dims.replicate,
+        shard=dims.shard,
+        batch=resolve_batch(cfg.train, dims.dp_size),
+        reason=reason,
+        auto=auto,
+    )
 
 
 def auto_strategy(
@@ -105,7 +145,7 @@ def auto_strategy(
 
     A model the planner cannot run on meta tensors gets the plain default (DDP), with the reason saying so.
     """
-    from disttrain.parallel.mesh import resolve_strategy
+    from disttrain.parallel.strategies import resolve_name
 
     device_type = local_device(cfg)
     local = max(1, min(local, world))
@@ -127,5 +167,5 @@ def auto_strategy(
             attention=attention_for(device_type),
         )
     except ConfigError as e:
-        return Decision(resolve_strategy("auto", world), f"auto without a memory plan ({e})", {})
+        return Decision(resolve_name("auto", world), f"auto without a memory plan ({e})", {})
     return decide(cfg, estimate(prof, cfg, layout))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from disttrain.config import DTYPES, JobConfig
 from disttrain.parallel.blocks import split_root
+from disttrain.parallel.strategies import COLUMNS
 from disttrain.plan.profile import AFTER, BEFORE, ROOT, ModelProfile, ParamInfo
 
 SCALAR_BYTES = 16  # the loss (and a stop flag) as float64
@@ -155,19 +156,18 @@ def collectives(
     if world <= 1:
         return []
     link = "inter" if nnodes > 1 else "intra"
-    if strategy == "ddp":
+    column = COLUMNS[strategy]
+    if not column.sharded:
         return ddp_collectives(prof, cfg, world, link)
-    if strategy == "hsdp":  # shard within a node, replicate across nodes (one node: the same rings as FSDP)
-        return fsdp_collectives(
-            prof,
-            cfg,
-            shard=nproc,
-            replicate=nnodes,
-            blocks_per_unit=blocks_per_unit,
-            reshard=cfg.parallel.reshard_after_forward,
-            inter=False,
-        )
-    reshard = "never" if strategy == "fsdp_no_reshard" else cfg.parallel.reshard_after_forward
+    shard = column.shard_degree(nproc, nnodes)
+    # HSDP shards within a node and replicates across nodes (one node: the same rings as FSDP)
+    reshard = cfg.parallel.reshard_after_forward if column.reshard else "never"
     return fsdp_collectives(
-        prof, cfg, shard=world, replicate=1, blocks_per_unit=blocks_per_unit, reshard=reshard, inter=nnodes > 1
+        prof,
+        cfg,
+        shard=shard,
+        replicate=world // shard,
+        blocks_per_unit=blocks_per_unit,
+        reshard=reshard,
+        inter=shard == world and nnodes > 1,
     )

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
+from disttrain.parallel import strategies
+from disttrain.parallel.strategies import COLUMNS, SHARDED_COLUMNS
 from disttrain.plan.comm import outer_split, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
 from disttrain.plan.render import LABELS
@@ -176,12 +178,9 @@ def _sharded_plan(
     params = sharded_bytes(ps, n, 4)
     grads = sharded_bytes(ps, n, 4, trainable_only=True)
     optim = sharded_bytes(ps, n, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps)
-    if name == "fsdp_offload":
+    if COLUMNS[name].offload:
         return StrategyPlan(name, n, 0, 0, 0, gathered, act, host=params + grads + optim)
     return StrategyPlan(name, n, params, grads, optim, gathered, act)
-
-
-SHARDED_COLUMNS = ("fsdp", "fsdp_no_reshard", "hsdp", "fsdp_offload")
 
 
 def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None = None) -> Estimate:
@@ -195,7 +194,6 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
     ac_alt = "full" if ac == "none" else "none"
     ps = prof.params
     cb = DTYPES[cfg.precision.dtype].itemsize
-    w = layout.world
     low_precision_copies = sum(p.numel * cb for p in ps if len(p.shape) >= 2) if cb < 4 else 0
     plans = {
         "ddp": StrategyPlan(
@@ -213,9 +211,9 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
     grouping_bytes: dict[str, dict[int, int]] = {}
     fixed = cfg.parallel.blocks_per_unit
     for col in SHARDED_COLUMNS:
-        n = layout.nproc if col == "hsdp" else w
+        n = COLUMNS[col].shard_degree(layout.nproc, layout.nnodes)
         ks = [int(fixed)] if fixed != "auto" else grouping_candidates(prof.n_blocks)
-        by_k = {k: _sharded_plan(col, prof, n, cfg, act, col != "fsdp_no_reshard", k) for k in ks}
+        by_k = {k: _sharded_plan(col, prof, n, cfg, act, COLUMNS[col].reshard, k) for k in ks}
         groupings[col] = {k: step_time(col, prof, cfg, machine, layout.nproc, layout.nnodes, k) for k in ks}
         k = (
             best_grouping(groupings[col], {k: p.total <= layout.budget for k, p in by_k.items()})
@@ -254,7 +252,7 @@ def recommend(est: Estimate) -> tuple[str, str]:
     if lay.world == 1:
         verdict = "fits" if est.fits["ddp"] else "does NOT fit"
         return "single", f"one process: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
-    cols = [c for c in AUTO_COLUMNS if est.fits[c] and (c != "hsdp" or (lay.nnodes > 1 and lay.nproc > 1))]
+    cols = [c for c in AUTO_COLUMNS if est.fits[c] and COLUMNS[c].distinct_at(lay.nproc, lay.nnodes)]
     if not cols:
         return "fsdp", f"nothing fits: {ddp} and FSDP {fmt_bytes(p['fsdp'].total)}, but only {usable}"
     ranked = sorted(cols, key=lambda c: t[c].predicted_s)
@@ -269,7 +267,7 @@ def recommend(est: Estimate) -> tuple[str, str]:
         why += f", against {LABELS[others[0]]} {_when(t[others[0]])}"
         why += "; that close is a tie, and a tie goes to the simpler strategy" if tie else ""
     memory = f"{ddp} of {usable}: it fits" if est.fits["ddp"] else f"{ddp}, more than the {usable}"
-    if best == "hsdp":
+    if COLUMNS[best].shard_degree(lay.nproc, lay.nnodes) < lay.world:
         why += "; HSDP keeps all-gathers inside a node and only all-reduces gradient shards across nodes"
     return best, f"{memory}; of what fits, {why}"
 
@@ -296,13 +294,7 @@ def with_parallel(cfg: JobConfig, **parallel: Any) -> JobConfig:
 
 def column_for(strategy: str, cfg: JobConfig) -> str:
     """The plan column that describes what ``strategy`` with this config will run."""
-    if strategy in ("single", "ddp"):
-        return "ddp"
-    if cfg.parallel.offload:
-        return "fsdp_offload"
-    if strategy == "hsdp":
-        return "hsdp"
-    return "fsdp_no_reshard" if cfg.parallel.reshard_after_forward == "never" else "fsdp"
+    return strategies.column_for(strategy, cfg.parallel.reshard_after_forward, cfg.parallel.offload).key
 
 
 def resolve_device_memory(spec: str, device_type: str, nproc: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disttrain.config import DTYPES, JobConfig
+from disttrain.parallel.strategies import COLUMNS
 from disttrain.plan.comm import collectives, outer_split, unit_numels
 from disttrain.plan.render import LABELS, seconds
 from disttrain.plan.timing import NEAR_BEST
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
 
 def explain_plan(est: Estimate, cfg: JobConfig) -> str:
     """The groupings, the prefetch depth and the recommended strategy's collectives."""
-    parts = [_groupings(est, cfg, "hsdp" if est.choice == "hsdp" else "fsdp"), _prefetch(est)]
+    chosen = COLUMNS.get(est.choice)
+    base = chosen.strategy.name if chosen is not None and chosen.sharded else "fsdp"  # its plain column
+    parts = [_groupings(est, cfg, base), _prefetch(est)]
     parts.append(_collectives(est, cfg))
     return "\n\n".join(p for p in parts if p)
 
@@ -32,8 +35,8 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
     if not tried or est.machine is None or est.layout.world <= 1:
         return ""
     lay, prof = est.layout, est.profile
-    shard = lay.nproc if col == "hsdp" else lay.world
-    link = est.machine.link("inter" if col != "hsdp" and lay.nnodes > 1 else "intra")
+    shard = COLUMNS[col].shard_degree(lay.nproc, lay.nnodes)
+    link = est.machine.link("inter" if shard == lay.world and lay.nnodes > 1 else "intra")
     cb = DTYPES[cfg.precision.dtype].itemsize
     lines = [
         f"{LABELS[col]}: {prof.n_blocks} blocks grouped into units (one all-gather and one reduce-scatter per "

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from disttrain.parallel import strategies
 from disttrain.plan.profile import sharded_bytes
 from disttrain.utils.fmt import fmt_bytes
 
 if TYPE_CHECKING:
     from disttrain.plan.estimate import Estimate
 
-COLUMNS = ("ddp", "fsdp", "fsdp_no_reshard", "hsdp", "fsdp_offload")
-LABELS = {
-    "ddp": "DDP",
-    "fsdp": "FSDP",
-    "fsdp_no_reshard": "FSDP no-reshard",
-    "hsdp": "HSDP",
-    "fsdp_offload": "FSDP+offload",
-}
+COLUMNS = tuple(strategies.COLUMNS)
+LABELS = {key: column.label for key, column in strategies.COLUMNS.items()}
 ROWS = ("params", "grads", "optimizer", "gathered", "activations", "total")
 
 
@@ -133,12 +128,12 @@ def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any
             lines.append(f"{s:<16}failed: {m['error']}")
             table[s] = m
             continue
-        p = est.plans[s]
+        p, offload = est.plans[s], strategies.COLUMNS[s].offload
         shard_params, shard_grads = sharded_bytes(prof.params, p.shard, 4), sharded_bytes(prof.params, p.shard, 4, True)
         pairs = {
-            "params": (p.params if s != "fsdp_offload" else shard_params, m["params"]),
-            "grads": (p.grads if s != "fsdp_offload" else shard_grads, m["grads"]),
-            "optimizer": (p.optimizer if s != "fsdp_offload" else p.host - shard_params - shard_grads, m["optimizer"]),
+            "params": (p.params if not offload else shard_params, m["params"]),
+            "grads": (p.grads if not offload else shard_grads, m["grads"]),
+            "optimizer": (p.optimizer if not offload else p.host - shard_params - shard_grads, m["optimizer"]),
             "activations": (saved_pred, m["activations_saved"]),
             # on CPU the offloaded shards are in the same RSS as everything else
             "total peak": (p.total + (p.host if m["peak_source"] != "cuda max_memory_allocated" else 0), m["peak"]),

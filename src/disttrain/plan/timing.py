@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 
 from disttrain.config import JobConfig
+from disttrain.parallel.strategies import COLUMNS
 from disttrain.plan.comm import Collective, accum_steps, collectives, unit_numels
 from disttrain.plan.machine import LinkFit, MachineProfile, load_machine, parse_bandwidth, save_machine
 from disttrain.plan.profile import ModelProfile, sharded_bytes
@@ -277,8 +278,9 @@ def step_time(
 ) -> StepTime:
     """Predicted time of one optimizer step of ``strategy`` (a plan column) with ``blocks_per_unit``."""
     world = nproc * nnodes
-    sharded = strategy != "ddp" and world > 1
-    shard = nproc if strategy == "hsdp" else world
+    column = COLUMNS[strategy]
+    sharded = column.sharded and world > 1
+    shard = column.shard_degree(nproc, nnodes)
     accum = accum_steps(cfg, world)  # every strategy here is data parallel over all ranks
     compute = machine.compute_s(
         prof.train_flops * accum, prof.forward_ops * accum, nproc, prof.forward_elements * accum
@@ -301,7 +303,7 @@ def step_time(
     optimizer = machine.elementwise_s(OPTIMIZER_ELEMENTS_PER_PARAM * held, nproc)
     return StepTime(
         strategy,
-        blocks_per_unit if strategy != "ddp" else 0,
+        blocks_per_unit if column.sharded else 0,
         prefetch,
         compute,
         comm,

@@ -22,6 +22,8 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     config: str = ""
     strategy: dict[str, Any] = field(default_factory=dict)
+    resolved: dict[str, Any] = field(default_factory=dict)
+    """The job as it ran (``resolved.json``: strategy, degrees, batch arithmetic, precision)."""
     summary: dict[str, Any] = field(default_factory=dict)
     saves: list[dict[str, Any]] = field(default_factory=list)
     """Checkpoint saves: step, blocked_s (the training thread's wait) and save_s (until committed)."""
@@ -59,8 +61,11 @@ class Run:
         return list(keys)
 
     def tokens_per_step(self) -> int | None:
-        """Global batch x context for a language-model run (from config.toml), else None."""
+        """Global batch x context for a language-model run (from the job the run resolved, ``resolved.json``;
+        config.toml for a run folder from before it), else None."""
         try:
+            if self.resolved:
+                return int(self.resolved["batch"]["global_batch"]) * int(self.resolved["config"]["model"]["context"])
             import tomllib
 
             cfg = tomllib.loads(self.config)
@@ -105,7 +110,7 @@ def load_run(path: str | Path) -> Run:
     run = Run(path=path, metrics=metrics, events=events, warnings=warnings + more)
     if (path / "config.toml").is_file():
         run.config = (path / "config.toml").read_text()
-    for name in ("strategy", "summary"):
+    for name in ("strategy", "summary", "resolved"):
         f = path / f"{name}.json"
         if f.is_file():
             try:

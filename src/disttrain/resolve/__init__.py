@@ -2,6 +2,10 @@
 precision), checked against the memory plan. Made by the job, written to the run folder, read by everything
 below; nothing below re-derives these facts.
 
-- ``job``: :func:`plan_and_resolve` / :func:`resolve_job` (the decisions) and :class:`StrategyChoice`
+- ``job``: :func:`resolve` (the decisions, into a :class:`~disttrain.config.ResolvedJob`)
 - ``inputs``: the files a job names exist (data, checkpoints, weights) before the plan reads them
 """
+
+from disttrain.resolve.job import resolve
+
+__all__ = ["resolve"]

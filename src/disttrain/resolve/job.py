@@ -1,6 +1,7 @@
 """The parent's decisions before any worker starts: device, number of processes, the strategy (``auto`` from
-the memory plan, or a forced one checked against it) and the batch arithmetic. Every mistake found here is a
-:class:`ConfigError` (one line, exit 2) instead of a failure inside N workers.
+the memory plan, or a forced one checked against it), its degrees and the batch arithmetic, made once into a
+:class:`~disttrain.config.ResolvedJob`. Every mistake found here is a :class:`ConfigError` (one line, exit 2)
+instead of a failure inside N workers.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import sys
 from typing import Any
 
 from disttrain.build import check_imports
-from disttrain.config import JobConfig, resolve_batch
+from disttrain.config import JobConfig, ResolvedJob, resolve_batch
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.launch.torchrun import check_nproc, default_nproc
+from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type, resolve_precision
-from disttrain.parallel.mesh import SHARDED, ParallelDims, resolve_strategy
+from disttrain.parallel.mesh import ParallelDims
 from disttrain.plan.choose import decide
 from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory
 from disttrain.plan.render import render
@@ -22,14 +24,9 @@ from disttrain.resolve.inputs import check_inputs
 from disttrain.train.loss import cross_entropy
 
 
-def resolve_job(cfg: JobConfig) -> JobConfig:
-    """Fill in what the user left to us (device, nproc, strategy) and check everything that needs them."""
-    return plan_and_resolve(cfg)[0]
-
-
 @dataclasses.dataclass(frozen=True)
 class StrategyChoice:
-    """What ``disttrain run`` decided, for the console and the run folder."""
+    """The strategy the plan chose (or checked), why, and the parallel settings it tuned."""
 
     strategy: str
     reason: str
@@ -39,28 +36,48 @@ class StrategyChoice:
     """Parallel settings the plan resolved (FSDP grouping, prefetch depth, reshard for FSDP without reshard)."""
 
 
-def plan_and_resolve(cfg: JobConfig) -> tuple[JobConfig, StrategyChoice]:
-    """:func:`resolve_job`, plus the memory plan that chose (or checked) the strategy."""
-
+def resolve(cfg: JobConfig) -> ResolvedJob:
+    """Fill in what the user left to us (device, nproc, strategy, precision, FSDP knobs), check everything
+    that needs them, and return the job as it will run."""
     try:
         device = resolve_device_type(cfg.parallel.device)
     except RuntimeError as e:
         raise ConfigError(str(e)) from None
     if cfg.checkpoint.create_seed:  # initialise once, on one process, whatever the job will later use
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, nproc=1, strategy="single"))
+    _check_offload(cfg)
     nproc = cfg.parallel.nproc or default_nproc(device)
     check_nproc(nproc, device, cfg.parallel.oversubscribe)
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
-    world = nproc * max_nodes
     check_imports(cfg)
     check_inputs(cfg)  # data.path and checkpoint.resume, before the plan reads the data
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     choice = choose_strategy(cfg, nproc, max_nodes, device)
-    dims = ParallelDims.from_config(cfg.parallel, world, nproc, choice.strategy)
-    resolve_batch(cfg.train, dims.dp_size)
+    dims = ParallelDims.from_config(cfg.parallel, nproc * max_nodes, nproc, choice.strategy)
+    batch = resolve_batch(cfg.train, dims.dp_size)
     resolved: dict[str, Any] = {"nproc": nproc, "device": device, "strategy": dims.strategy, **choice.parallel}
-    parallel = dataclasses.replace(cfg.parallel, **resolved)
-    return dataclasses.replace(cfg, parallel=parallel), choice
+    return ResolvedJob(
+        config=dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **resolved)),
+        device=device,
+        nproc=nproc,
+        nnodes=max_nodes,
+        strategy=dims.strategy,
+        replicate=dims.replicate,
+        shard=dims.shard,
+        batch=batch,
+        reason=choice.reason,
+        auto=cfg.parallel.strategy == "auto",
+        plan_text=choice.plan_text,
+        plan_json=choice.plan_json,
+    )
+
+
+def _check_offload(cfg: JobConfig) -> None:
+    forced = cfg.parallel.strategy
+    if cfg.parallel.offload and forced != "auto" and not strategies.get(forced).shards_parameters:
+        raise ConfigError(
+            f"parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp, hsdp or auto, not {forced!r}"
+        )
 
 
 def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> StrategyChoice:
@@ -77,9 +94,10 @@ def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> Str
     try:
         est = plan_job(cfg, layout, cross_entropy)
     except ConfigError as e:
-        if cfg.parallel.strategy == "auto" or (isinstance(e, MetaDeviceError) and cfg.parallel.strategy in SHARDED):
+        forced = cfg.parallel.strategy
+        if forced == "auto" or (isinstance(e, MetaDeviceError) and strategies.get(forced).shards_parameters):
             raise
         print(f"disttrain: warning: no memory plan ({e})", file=sys.stderr)
-        return StrategyChoice(resolve_strategy(cfg.parallel.strategy, nproc * nnodes), "forced; no memory plan")
+        return StrategyChoice(strategies.resolve_name(forced, nproc * nnodes), "forced; no memory plan")
     strategy, reason, tuned = decide(cfg, est)
     return StrategyChoice(strategy, reason, render(est), est.to_json(), tuned)

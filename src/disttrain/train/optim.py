@@ -48,8 +48,4 @@ def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> to
     """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
     if dtype != "fp16":
         return None
-    if dims.fsdp_enabled:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device.type)
-    return torch.amp.GradScaler(device.type)
+    return dims.impl.grad_scaler(device.type)

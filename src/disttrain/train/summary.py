@@ -1,4 +1,4 @@
-"""The model summary printed at the start of a run (:meth:`disttrain.train.loop.FitLoop.announce`).
+"""The model summary printed at the start of a run (:meth:`disttrain.train.trainer.Trainer.train`).
 
 Owns counting a model's parameters (per top-level module, total, trainable, bytes per dtype) and finding its
 sharding units: the modules FSDP2's ``fully_shard`` wrapped, each with the parameters it gathers as one and

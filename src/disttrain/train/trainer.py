@@ -1,5 +1,7 @@
-"""The training loop: accumulation with sync on the last micro-step only, clipping with the global grad
-norm, a non-finite guard, warmup + cosine LR, periodic evaluation, metrics.
+"""The Trainer, shaped like torchtitan's ``train.py``: :meth:`~Trainer.forward_backward_step` (one step's
+micro-batches, gradients synchronised on the last only), :meth:`~Trainer.train_step` (clip by the global grad
+norm, the non-finite guard, the optimizer and LR schedule) and :meth:`~Trainer.train` (resume, log, evaluate,
+checkpoint on schedule, recover from bad steps, stop cleanly on preemption).
 
 ``Trainer(model, dataset, config=...)`` takes a plain ``nn.Module`` (or one built on the meta device) and
 a map-style dataset of ``(input, target)`` pairs; it joins the process group torchrun set up (or runs
@@ -10,8 +12,10 @@ alone), applies the configured strategy through :func:`disttrain.parallelize`, a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
+import math
+import signal
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -25,19 +29,21 @@ from torch.utils.data import Dataset
 
 from disttrain.checkpoint import CheckpointInfo, CheckpointManager, ModelOptimState, export_live_model
 from disttrain.checkpoint.pretrained import load_pretrained
-from disttrain.config import DTYPES, JobConfig, resolve_batch
+from disttrain.config import DTYPES, JobConfig, ResolvedJob
 from disttrain.data.loader import GlobalBatchLoader, eval_batches, to_device
+from disttrain.errors import HealthError, Preempted
+from disttrain.health.events import log_event, restart_event
 from disttrain.health.guard import StepGuard
-from disttrain.health.monitor import HealthMonitor
+from disttrain.health.monitor import HealthMonitor, set_collective_timeout
 from disttrain.health.signals import PREEMPT
-from disttrain.parallel.env import DistEnv, init_distributed, resolve_precision, seed_everything
+from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategy import Parallelized, parallelize
-from disttrain.plan.choose import auto_strategy
+from disttrain.plan.choose import resolve_here
 from disttrain.train import metrics as M
-from disttrain.train.loop import FitLoop, FitResult
 from disttrain.train.loss import LossFn, Objective, cross_entropy
 from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler
+from disttrain.train.progress import FitResult, Progress, StepFigures, Throughput
 from disttrain.utils.faults import fault_point
 from disttrain.utils.gc import GarbageCollection
 
@@ -56,23 +62,31 @@ class Trainer:
         run_dir: str | Path | None = None,
         env: DistEnv | None = None,
         checkpoint: CheckpointManager | None = None,
-        dims: ParallelDims | None = None,
+        job: ResolvedJob | None = None,
     ) -> None:
-        self.cfg = cfg = config or JobConfig()
+        cfg = job.config if job is not None else config or JobConfig()
         # collectives get the long start-up timeout until the first step is done (then parallel.timeout_s)
         self.env = env or init_distributed(
             cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s)
         )
-        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.env.device.type))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.objective = Objective.from_config(cfg.model, model, loss_fn)
         self.loss_fn = self.objective.loss_fn
         self.checkpoint = checkpoint
-        self._set_global_modes()
-        self.strategy_reason = "forced by parallel.strategy"
-        self.dims = dims or self._choose_dims(model, train_data, loss_fn)
-        cfg = self.cfg  # auto may have resolved parallel settings from the plan
-        self.plan = resolve_batch(cfg.train, self.dims.dp_size)
+        self._set_global_modes(cfg)
+        # the job as it runs: resolved by `disttrain run`'s parent, or here for the Python API
+        self.job = job or resolve_here(
+            model,
+            train_data[0],
+            cfg,
+            self.env.world_size,
+            self.env.local_world_size,
+            self.env.device.type,
+            loss_fn,
+        )
+        self.cfg = cfg = self.job.config
+        self.dims = ParallelDims.of(self.job)
+        self.plan = self.job.batch
         dp_rank = self.env.rank
         self.loader = GlobalBatchLoader(
             train_data, self.plan.micro_batch, self.plan.accum_steps, dp_rank, self.dims.dp_size, cfg.train.seed
@@ -106,25 +120,13 @@ class Trainer:
         )
         self.guard = StepGuard(cfg.health)
 
-    def _set_global_modes(self) -> None:
+    def _set_global_modes(self, cfg: JobConfig) -> None:
         """Determinism, anomaly detection and seeds: process-wide settings the job asks for."""
-        cfg = self.cfg
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         if "anomaly" in cfg.health.debug_presets:
             torch.autograd.set_detect_anomaly(True)  # names the op that produced a NaN in backward (slow)
         seed_everything(cfg.train.seed)
-
-    def _choose_dims(self, model: nn.Module, train_data: Dataset[Any], loss_fn: LossFn) -> ParallelDims:
-        """The layout when the caller gave none: ``auto`` from the memory plan over several ranks."""
-        cfg, env = self.cfg, self.env
-        strategy = None
-        if cfg.parallel.strategy == "auto" and env.world_size > 1:
-            strategy, self.strategy_reason, tuned = auto_strategy(
-                model, train_data[0], cfg, env.world_size, env.local_world_size, loss_fn
-            )
-            self.cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **tuned))
-        return ParallelDims.from_config(cfg.parallel, env.world_size, env.local_world_size, strategy)
 
     # -- one step -------------------------------------------------------------------------------
     def _all_reduce_mean(self, values: list[float]) -> list[float]:
@@ -137,7 +139,7 @@ class Trainer:
     def comm_device(self) -> torch.device:
         return self.env.device if self.env.device.type == "cuda" else torch.device("cpu")
 
-    def forward_backward(
+    def forward_backward_step(
         self,
         micro_batches: Sequence[Any],
         *,
@@ -170,6 +172,9 @@ class Trainer:
                 after_backward(i)
         return loss_sum
 
+    forward_backward = forward_backward_step
+    """The name the Python API has always had."""
+
     def _inject_faults(self, loss: torch.Tensor) -> torch.Tensor:
         """Tests: DISTTRAIN_FAULT=hang|slow|nan:<k>:<rank> acts here, in the first micro-step of step k."""
         self.health.inject_faults(self.step + 1)
@@ -180,7 +185,7 @@ class Trainer:
         self.health.phase("data")
         fault_point("step", self.step + 1, self.env.rank)  # tests: DISTTRAIN_FAULT=step:<k>:<rank>
         micro = self.loader.next_step()
-        loss_sum = self.forward_backward(micro)
+        loss_sum = self.forward_backward_step(micro)
         n = len(micro)
         self.health.phase("optimizer")
         if self.scaler:
@@ -252,10 +257,194 @@ class Trainer:
         ck.close()
 
     # -- the loop ---------------------------------------------------------------------------------
+    def train(self) -> FitResult:
+        """Train to ``train.steps``, resuming first if a checkpoint says so: log, evaluate and checkpoint on
+        schedule, recover from bad steps, stop cleanly on preemption; the collector runs on schedule."""
+        cfg = self.cfg
+        resumed = self.resume()
+        result = FitResult(start_step=self.step)
+        progress = Progress(cfg, self.env, self.run_dir, self.step)
+        with GarbageCollection(cfg.train.gc_interval) as collector:
+            self._announce(progress, resumed)
+            self.health.start()
+            try:
+                while self.step < cfg.train.steps:
+                    self._one_step(progress, collector, result)
+                    if self.stop_requested and self.step < cfg.train.steps:
+                        self._preempted(progress)
+                self.health.phase("checkpoint")
+                self.save_final()
+            finally:
+                self.health.close(finished=self.step >= cfg.train.steps)
+                progress.close()
+        result.skipped_steps = self.skipped
+        return result
+
     def fit(self) -> FitResult:
-        """Train to ``train.steps`` (resuming first if a checkpoint says so); the collector runs on schedule."""
-        with GarbageCollection(self.cfg.train.gc_interval) as collector:
-            return FitLoop(self, collector).run()
+        """:meth:`train` (the name the Python API has always had)."""
+        return self.train()
+
+    def _one_step(self, progress: Progress, collector: GarbageCollection, result: FitResult) -> None:
+        """One optimizer step and what follows it: metrics, evaluation, bad-step recovery, a checkpoint."""
+        progress.before_step(self.step + 1)
+        t0 = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]
+        loss, gnorm, finite = self.train_step()
+        fig = StepFigures(self.step, loss, gnorm, lr, time.perf_counter() - t0, finite)
+        progress.after_step(self.step)
+        collector.step(self.step)
+        self.health.step_done(self.step, fig.step_time_s)
+        if not result.losses:  # past the start-up: collectives get the configured timeout
+            set_collective_timeout(self.cfg.parallel.timeout_s)
+        result.losses.append(loss)
+        result.grad_norms.append(gnorm)
+        record = self._record(progress, fig, result) if progress.due(fig) else None
+        last = self.step == self.cfg.train.steps
+        if (self.cfg.train.eval_interval and self.step % self.cfg.train.eval_interval == 0) or last:
+            record = self._evaluate_into(progress, record, result)
+        progress.write(self.step, record)
+        if self.guard.exhausted:
+            self._on_bad_steps(progress)
+            return
+        interval = self.cfg.checkpoint.interval if self.checkpoint else 0
+        if interval and self.step % interval == 0 and not last:
+            self._save_on_schedule(progress)
+
+    def _record(self, progress: Progress, fig: StepFigures, result: FitResult) -> dict[str, Any]:
+        rate = Throughput(self.plan.global_batch, self.tokens_per_sample, self.flops_per_sample, self.peak)
+        extra = {
+            "skipped_steps": self.skipped,
+            "bad_steps": self.guard.bad_steps,
+            "rollbacks": self.guard.rollbacks,
+            "stragglers": self.health.stragglers,
+            **{f"rank_{k}": v for k, v in self.health.rank_figures.items()},
+        }
+        record = progress.record(fig, rate, self.comm_device(), extra)
+        result.tokens_per_s, result.mfu = record["tokens_per_s"], record["mfu"]
+        result.peak_memory_bytes = record["peak_memory_bytes"]
+        return record
+
+    def _evaluate_into(
+        self, progress: Progress, record: dict[str, Any] | None, result: FitResult
+    ) -> dict[str, Any] | None:
+        self.health.phase("eval")
+        t_eval = time.perf_counter()
+        val = self.evaluate()
+        progress.pause(time.perf_counter() - t_eval)  # throughput counts training time only
+        if math.isnan(val):
+            return record
+        result.val_losses[self.step] = val
+        progress.print(f"step {self.step}: val loss {val:.4f}")
+        return {**(record or {"step": self.step}), "val_loss": val}
+
+    def _save_on_schedule(self, progress: Progress) -> None:
+        assert self.checkpoint is not None
+        self.health.phase("checkpoint")
+        t_save = time.perf_counter()
+        self.checkpoint.save(self.step, self.state())
+        blocked = time.perf_counter() - t_save
+        progress.pause(blocked)  # kept in CheckpointManager.blocked_s
+        log_event(self.run_dir if self.env.is_main else None, "checkpoint", step=self.step, blocked_s=blocked)
+
+    def _preempted(self, progress: Progress) -> None:
+        """A rank got SIGTERM / SIGUSR1: every rank is past the same step; save it (synchronously, within the
+        launcher's ``launch.preempt_grace_s``) and stop."""
+        self.health.phase("checkpoint")
+        self.save_final("full")
+        signum = PREEMPT.signum or signal.SIGTERM  # 0 here: another rank got the signal
+        log_event(self.run_dir if self.env.is_main else None, "preempted", step=self.step, signal=signum)
+        progress.print(f"stopping after step {self.step} (signal {signum}): checkpoint saved")
+        raise Preempted(self.step, signum, self.checkpoint is not None)
+
+    def _announce(self, progress: Progress, resumed: CheckpointInfo | None) -> None:
+        """The opening lines: strategy, batch arithmetic, precision and peak; the model summary; a resume; a
+        restart's cause."""
+        from disttrain.train.summary import model_summary
+
+        env, plan = self.env, self.plan
+        tokens = f" ({plan.global_batch * self.tokens_per_sample:,} tokens/step)" if self.tokens_per_sample > 1 else ""
+        progress.print(
+            f"strategy {self.dims.describe()} x {env.world_size} rank(s) on {env.device.type} | "
+            f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum "
+            f"{plan.accum_steps} x dp {plan.dp_size}{tokens} | {self.cfg.precision.dtype} | "
+            f"peak {self.peak:.2f} TFLOP/s/rank ({self.peak_source})"
+        )
+        if self.job.auto:
+            progress.print(f"strategy {self.dims.strategy}: {self.job.reason}")
+        if progress.console.enabled:
+            progress.print(model_summary(self.model.inner, env.world_size))
+        if resumed is not None:
+            progress.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
+        if env.is_main and (restart := restart_event(self.run_dir, resumed.step if resumed else None, env.world_size)):
+            progress.print(f"restart {restart['attempt']}: previous attempt ended by {restart['cause']}")
+
+    # -- recovery from bad steps ------------------------------------------------------------------
+    def _on_bad_steps(self, progress: Progress) -> None:
+        """``health.max_bad_steps`` bad steps in a row: roll back to the last checkpoint (skipping the data
+        seen since, optionally lowering the LR), stop with a message, or go on (``health.on_bad_steps``)."""
+        h, guard = self.cfg.health, self.guard
+        what = f"{guard.consecutive} bad steps in a row (non-finite or spiking loss) up to step {self.step}"
+        events_dir = self.run_dir if self.env.is_main else None
+        if h.on_bad_steps == "continue":
+            log_event(events_dir, "bad_steps", step=self.step, count=guard.consecutive)
+            guard.consecutive = 0
+            return
+        info, why = None, "health.on_bad_steps is stop"
+        if h.on_bad_steps == "rollback":
+            info, why = self._rollback_target()
+        if info is None:
+            log_event(events_dir, "stop", step=self.step, reason=f"{what}; {why}")
+            raise HealthError(
+                f"{what}; {why}. See loss and grad_norm in metrics.jsonl; try a lower --optim.lr or "
+                "--optim.grad-clip, or --health.on-bad-steps rollback with checkpoints"
+            )
+        self._roll_back(info, what, progress)
+
+    def _rollback_target(self) -> tuple[CheckpointInfo | None, str]:
+        """The newest complete checkpoint, as rank 0 sees it once every rank's save is committed."""
+        if self.checkpoint is None:
+            return None, "no checkpoint manager to roll back with"
+        if self.guard.rollbacks >= self.cfg.health.max_rollbacks:
+            return None, f"health.max_rollbacks ({self.cfg.health.max_rollbacks}) reached"
+        self.checkpoint.wait()
+        found: list[Any] = [None]
+        if self.env.distributed:
+            dist.barrier()
+        if self.env.is_main:
+            found[0] = self.checkpoint.latest()
+        if self.env.distributed:
+            dist.broadcast_object_list(found, src=0)
+        if found[0] is None:
+            return None, "no complete checkpoint to roll back to yet (see --checkpoint.interval)"
+        return found[0], ""
+
+    def _roll_back(self, info: CheckpointInfo, what: str, progress: Progress) -> None:
+        """Load ``info``, keep the data position (the bad data is skipped), lower the LR if configured."""
+        h, guard = self.cfg.health, self.guard
+        self.health.phase("rollback")
+        assert self.checkpoint is not None
+        from_step, position = self.step, self.loader.position
+        self.checkpoint.load(self.state(), info)
+        self.loader.load_state_dict({"position": position, "seed": self.loader.seed})  # skip the bad data
+        if h.rollback_lr_factor != 1.0:
+            sched = self.scheduler
+            sched.base_lrs = [b * h.rollback_lr_factor for b in sched.base_lrs]
+            factor = lr_lambda(self.cfg)(sched.last_epoch)
+            for group, base in zip(self.optimizer.param_groups, sched.base_lrs, strict=True):
+                group["lr"] = base * factor
+        guard.rollbacks += 1
+        guard.reset()
+        log_event(
+            self.run_dir if self.env.is_main else None,
+            "rollback",
+            from_step=from_step,
+            to_step=info.step,
+            lr_factor=h.rollback_lr_factor,
+            rollbacks=guard.rollbacks,
+        )
+        progress.print(
+            f"{what}: rolled back to step {info.step} ({info.path.name}), data position kept at sample {position}"
+        )
 
 
 class _LoopState(Stateful):

@@ -1,0 +1,87 @@
+"""``fsdp``: FSDP2 ``fully_shard`` per unit of blocks over every rank (ZeRO-3, or ZeRO-2 without reshard)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule
+
+from disttrain.config import ParallelConfig, PrecisionConfig
+from disttrain.errors import ConfigError
+from disttrain.parallel.env import init_single_process_group
+from disttrain.parallel.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from disttrain.parallel.mesh import ParallelDims
+
+
+class FSDP(Strategy):
+    name = "fsdp"
+    shards_parameters = True
+    casts_parameters = True
+
+    def canonical(self, replicate: int) -> str:
+        return "hsdp" if replicate > 1 else self.name  # fsdp with replica groups is HSDP
+
+    def degrees(self, world: int, replicate: int, shard: int, local_world: int | None) -> tuple[int, int]:
+        if shard not in (-1, world):
+            raise ConfigError(
+                f"FSDP shards over all {world} ranks, but parallel.shard is {shard}; "
+                "use --parallel.strategy hsdp to shard within groups, or leave shard at -1"
+            )
+        return 1, world
+
+    def state_ranks(self, nproc: int, nnodes: int) -> int:
+        return nproc * nnodes
+
+    def mesh(self, dims: ParallelDims, device_type: str) -> DeviceMesh:
+        if dims.world_size == 1:
+            init_single_process_group(device_type)  # FSDP on one device (e.g. to offload to host memory)
+        return init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=("dp",))
+
+    def wrap(
+        self,
+        model: nn.Module,
+        dims: ParallelDims,
+        parallel: ParallelConfig,
+        precision: PrecisionConfig,
+        device: torch.device,
+    ) -> nn.Module:
+        from disttrain.parallel.fsdp import apply_fsdp
+        from disttrain.parallel.meta_init import is_meta, materialize
+
+        apply_fsdp(
+            model,
+            dims.mesh(device.type),
+            param_dtype=precision.dtype,
+            reduce_dtype=precision.reduce_dtype,
+            shard_modules=parallel.shard_modules,
+            reshard_after_forward=parallel.reshard_after_forward,
+            blocks_per_unit=parallel.blocks_per_unit,
+            root_units=parallel.root_units,
+            forward_prefetch=parallel.forward_prefetch,
+            backward_prefetch=parallel.backward_prefetch,
+            offload=parallel.offload,
+        )
+        home = torch.device("cpu") if parallel.offload else device  # offloaded shards live in host memory
+        if is_meta(model):
+            materialize(model, home)
+        else:
+            model.to(home)
+        return model
+
+    @contextlib.contextmanager
+    def sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(enabled)
+        yield
+
+    def grad_scaler(self, device_type: str) -> torch.amp.GradScaler:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device_type)  # agrees on an overflow found in any rank's shard
