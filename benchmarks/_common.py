@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: side-by-side timing, multi-rank launch, tables and JSON results.
+"""Shared helpers for the benchmarks: side-by-side timing, tables and JSON results with the machine they ran on
+(launching ranks and collecting their results: :mod:`disttrain.testing.launch`).
 
 This machine is shared and noisy, so every comparison is a ratio of variants measured in the same
 process, interleaved block by block (the order rotates every round, so a slow drift in load hits every
@@ -14,9 +15,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,22 +22,13 @@ from typing import Any
 
 import torch
 
+from disttrain.utils.host import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DISTTRAIN = Path(sys.executable).with_name("disttrain")
 
 
 # -- where we are -------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine() -> dict[str, Any]:
     flags = ""
     try:
@@ -48,7 +37,7 @@ def machine() -> dict[str, Any]:
         pass
     return {
         "date": datetime.date.today().isoformat(),
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "amx": "amx_bf16" in flags,
         "torch": torch.__version__,
@@ -157,51 +146,6 @@ def spread(xs: Sequence[float]) -> tuple[float, float]:
         return min(xs), max(xs)
     q = statistics.quantiles(xs, n=4)
     return q[0], q[2]
-
-
-# -- multi-rank ---------------------------------------------------------------------------------------
-def launch(
-    nproc: int, script: Path, args: list[str], timeout: float = 600.0, env: dict[str, str] | None = None
-) -> None:
-    """``disttrain launch -n nproc script args`` with one thread per rank, in ``env`` (default: this process's);
-    raise if it fails."""
-    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [str(DISTTRAIN), "launch", "-n", str(nproc), str(script), *args]
-    proc = subprocess.run(cmd, env=env, timeout=timeout, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark workers failed (exit {proc.returncode}): {' '.join(cmd)}")
-
-
-def is_worker() -> bool:
-    """True inside a rank started by ``disttrain launch`` (torchrun sets RANK)."""
-    return "RANK" in os.environ
-
-
-def launch_and_collect(
-    nproc: int, script: Path, args: list[str], env: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
-    """Launch workers that each write ``OUT/rank<r>.json``; return the ranks' results in rank order."""
-    with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
-        launch(nproc, script, [*args, "--out", tmp], env=env)
-        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(nproc)]
-
-
-def write_rank_result(out_dir: str, rank: int, data: dict[str, Any]) -> None:
-    path = Path(out_dir) / f"rank{rank}.json"
-    path.write_text(json.dumps(data))
-
-
-def finish_worker() -> None:
-    """Leave the process group and exit at once, as ``disttrain.jobs.run_worker`` does: torch's gloo/DDP destructors
-    can deadlock during interpreter teardown."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 # -- output -------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ chunk counts around the rule, and one training step of the default-width GPT (6 
 one thread, the allocator a job runs with (``utils.malloc.keep_large_buffers``); blocks of steps alternate
 (``_common.interleave``), speed = paired median of one-chunk / chunked times.
 
-    .venv/bin/python benchmarks/bench_attention.py [--contexts 256,512,1024,2048] [--rounds 6]
+    .venv/bin/python -m benchmarks.bench_attention [--contexts 256,512,1024,2048] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import _common as C
+from benchmarks import _common as C
 
 
 def chunks_fixed(n: int) -> Callable[[int], int]:

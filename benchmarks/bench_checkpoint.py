@@ -24,26 +24,24 @@ rounds of a ratio taken inside one round, on the slowest rank. Three parts:
    manager's ``close()`` at the end of ``fit()`` would, minus releasing the stager's buffers and thread,
    which a real job does once, at its end. Overhead = t_ckpt_block / t_plain_block - 1. Goal <= 0.02.
 
-    .venv/bin/python benchmarks/bench_checkpoint.py [--rounds 5] [--step-rounds 8] [--skip-saves|--skip-steps]
+    .venv/bin/python -m benchmarks.bench_checkpoint [--rounds 5] [--step-rounds 8] [--skip-saves|--skip-steps]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import _common as C
-from ckpt_report import mount_of, report_saves, report_steps
-from ckpt_saves import part_saves
-from ckpt_steps import part_steps
+from benchmarks import _common as C
+from benchmarks.ckpt_report import mount_of, report_saves, report_steps
+from benchmarks.ckpt_saves import part_saves
+from benchmarks.ckpt_steps import part_steps
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -78,28 +76,18 @@ def worker(args: argparse.Namespace) -> None:
     if not args.skip_steps:
         text = load_text_data(None, args.context, 0.1)
         out["steps"] = part_steps(args, text, env, root)
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
-def launch_and_collect(nproc: int, args: list[str]) -> list[dict[str, Any]]:
-    """``C.launch_and_collect``, but without the INFO lines DCP's background save process logs per save."""
-    with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [str(C.DISTTRAIN), "launch", "-n", str(nproc), __file__, *args, "--out", tmp]
-        proc = subprocess.Popen(cmd, env=env, cwd=C.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if " - root - INFO - " not in line:
-                print(line, end="", flush=True)
-        if proc.wait() != 0:
-            raise SystemExit(f"benchmark workers failed (exit {proc.returncode}): {' '.join(cmd)}")
-        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(nproc)]
+def without_save_logs(line: str) -> bool:
+    """Every line but the INFO lines DCP's background save process logs per save."""
+    return " - root - INFO - " not in line
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     t_start = time.perf_counter()
@@ -108,7 +96,7 @@ def main(argv: list[str]) -> None:
     C.print_machine()
     print(f"checkpoints in {where['checkpoints']}; repository on {where['repository'].split(': ', 1)[1]}")
     try:
-        ranks = launch_and_collect(args.nproc, [*argv, "--root", str(root)])
+        ranks = launch_and_collect(args.nproc, Path(__file__), [*argv, "--root", str(root)], echo=without_save_logs)
     finally:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)

@@ -25,7 +25,7 @@ micro-batch 8, DDP) with the real ``Trainer.fit()``. Two parts:
    the median over rounds of the paired ratio scheduled / automatic (< 1: the schedule saves time); per-step
    p50 / p99 / max over all timed steps of a rank (the worse rank shown).
 
-    .venv/bin/python benchmarks/bench_gc.py [--rounds 8] [--steps-per-block 100] [--interval 50]
+    .venv/bin/python -m benchmarks.bench_gc [--rounds 8] [--steps-per-block 100] [--interval 50]
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-import _common as C
+from benchmarks import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -186,8 +187,8 @@ def worker(args: argparse.Namespace) -> None:
         before_block=fresh_collector,
     )
     timed = {k: blocks[k][-args.rounds :] for k in ("scheduled", "automatic")}
-    C.write_rank_result(args.out, env.rank, {"pauses": pauses, "blocks": timed})
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, {"pauses": pauses, "blocks": timed})
+    finish_worker()
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -288,12 +289,12 @@ def report(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     t_start = time.perf_counter()
     C.print_machine()
-    ranks = C.launch_and_collect(args.nproc, Path(__file__), argv)
+    ranks = launch_and_collect(args.nproc, Path(__file__), argv, echo=True)
     results = report(ranks, args)
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f} s")

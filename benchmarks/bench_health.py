@@ -15,10 +15,10 @@ The figure is the median over rounds of the paired ratio t(variant) / t(none). G
 On a loaded machine those ratios scatter by far more than 1%, so each rank also times, one call at a time
 (wall and CPU of the calling thread, 200 calls each), what the thread runs every period (one heartbeat
 ``store.set``, the verdict ``check``, and on rank 0 the watchdog pass) and what the training thread runs
-every step (the phase/step/fault hooks, at step 100 and at step 100,000: their cost must not grow with the
+every step (the phase/step hooks and the hook points, at step 100 and at step 100,000: their cost must not grow with the
 step). Period cost / heartbeat_s is the share of a core the monitor takes, whatever the step time.
 
-    .venv/bin/python benchmarks/bench_health.py [--rounds 12] [--steps-per-block 4] [--dtype auto]
+    .venv/bin/python -m benchmarks.bench_health [--rounds 12] [--steps-per-block 4] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-import _common as C
+from benchmarks import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOAL = 1.01
 
@@ -64,12 +65,6 @@ class _NoHealth:
     def step_done(self, step: int, seconds: float) -> None:
         pass
 
-    def inject_faults(self, step: int) -> None:
-        pass
-
-    def nan_fault(self, step: int) -> bool:
-        return False
-
 
 def pick_dtype(requested: str) -> str:
     """bf16 only where the CPU multiplies bf16 fast: without AVX-512/AMX, torch falls back to a reference
@@ -88,6 +83,7 @@ def direct_costs(cfg: Any, rank: int, world: int, calls: int = 200) -> dict[str,
     import dataclasses
 
     from disttrain.health import HealthMonitor
+    from disttrain.utils import hooks
 
     # a period of an hour: the thread sleeps, and the calls below are what it would run each period
     mon = HealthMonitor(dataclasses.replace(cfg, heartbeat_s=3600.0), rank, world, None, 600.0)
@@ -109,16 +105,16 @@ def direct_costs(cfg: Any, rank: int, world: int, calls: int = 200) -> dict[str,
         timed("watch", mon._watch)
     for step in (100, 100_000):
 
-        def hooks(s: int = step) -> None:  # what train_step + fit call on the monitor per step
+        def per_step(s: int = step) -> None:  # what train_step + fit call per step: the monitor, the hook points
             mon.phase("data")
+            hooks.fire("step_start", s, rank)
             mon.phase("forward")
-            mon.inject_faults(s)
-            mon.nan_fault(s)
+            hooks.apply("loss", 1.0, s, rank)
             mon.phase("backward")
             mon.phase("optimizer")
             mon.step_done(s + 1, 1.0)
 
-        timed(f"hooks_step{step}", hooks, 20 * calls)
+        timed(f"hooks_step{step}", per_step, 20 * calls)
     torch.distributed.barrier()
     mon.close()
     return out
@@ -202,8 +198,8 @@ def worker(args: argparse.Namespace) -> None:
     trainers = make_trainers(args, env, text)
     times = interleaved_blocks(trainers, args, env)
     direct = direct_costs(trainers["on"].cfg.health, env.rank, env.world_size)
-    C.write_rank_result(args.out, env.rank, {"times": times, "direct": direct})
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, {"times": times, "direct": direct})
+    finish_worker()
 
 
 def report_steps(times: dict[str, list[float]], args: argparse.Namespace) -> dict[str, Any]:
@@ -245,13 +241,13 @@ def direct_row(r: int, d: dict[str, float], step_s: float) -> list[Any]:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     args.dtype = pick_dtype(args.dtype)
     fwd = ["--rounds", str(args.rounds), "--steps-per-block", str(args.steps_per_block), "--warmup", str(args.warmup)]
     fwd += ["--dtype", args.dtype]
-    ranks = C.launch_and_collect(args.nproc, Path(__file__), fwd)
+    ranks = launch_and_collect(args.nproc, Path(__file__), fwd, echo=True)
     results = report_steps(ranks[0]["times"], args)  # the ranks are in lockstep (DDP): rank 0's clock is the job's
     step_s = results["none"]["median_step_s"]
     C.table(

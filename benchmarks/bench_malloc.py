@@ -10,7 +10,7 @@ setting any of those turns off glibc's adaptive mmap threshold, far slower than 
 each launch timing every variant round-robin. The allocator settings can only change at process start, so the
 two sides are separate launches: the ratio is the median over launch pairs of the per-variant median step.
 
-    .venv/bin/python benchmarks/bench_malloc.py [--pairs 2] [--rounds 6]
+    .venv/bin/python -m benchmarks.bench_malloc [--pairs 2] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as C
+from benchmarks import _common as C
+from disttrain.testing.launch import child_env, finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GLIBC_DEFAULT = {"DISTTRAIN_CPU_MALLOC": "glibc"}
 VARIANTS = {"ddp": {"strategy": "ddp"}, "fsdp 1/unit": {"blocks_per_unit": 1}, "fsdp 6/unit": {"blocks_per_unit": 6}}
@@ -104,19 +105,21 @@ def worker(args: argparse.Namespace) -> None:
         {n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1, before_block=dist.barrier
     )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    C.write_rank_result(args.out, env.rank, {"times": C.slowest_rank(times), "peak_rss": rss})
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, {"times": C.slowest_rank(times), "peak_rss": rss})
+    finish_worker()
 
 
 def launch(args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, Any]:
     mine = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DISTTRAIN_CPU_MALLOC"))}
-    ranks = C.launch_and_collect(2, Path(__file__), ["--rounds", str(args.rounds)], env={**mine, **extra_env})
+    ranks = launch_and_collect(
+        2, Path(__file__), ["--rounds", str(args.rounds)], env=child_env(base=mine, extra=extra_env), echo=True
+    )
     return {"times": ranks[0]["times"], "peak_rss": max(r["peak_rss"] for r in ranks)}
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     from disttrain.utils.malloc import CPU_MALLOC_ENV

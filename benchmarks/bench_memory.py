@@ -10,7 +10,7 @@ params), fp32 master weights, bf16 compute. 4 ranks on 2 cores is fine: nothing 
 
 Goal: FSDP / DDP <= 0.52 at 2 ranks and <= 0.27 at 4.
 
-    .venv/bin/python benchmarks/bench_memory.py [--ranks 2,4]
+    .venv/bin/python -m benchmarks.bench_memory [--ranks 2,4]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-import _common as C
+from benchmarks import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOALS = {2: 0.52, 4: 0.27}
 MiB = 2**20
@@ -116,8 +117,8 @@ def worker(args: argparse.Namespace) -> None:
         out[strategy]["grads_share_bucket_storage"] = bool(as_view)
         out[strategy]["n_params_total"] = sum(p.numel() for p in trainer.model.parameters())
         del trainer, model
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def total(acc: dict[str, Any], kind: str = "storage") -> int:
@@ -126,13 +127,13 @@ def total(acc: dict[str, Any], kind: str = "storage") -> int:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     results: dict[str, Any] = {}
     rows, summary = [], []
     for n in [int(x) for x in args.ranks.split(",")]:
-        ranks = C.launch_and_collect(n, Path(__file__), argv)
+        ranks = launch_and_collect(n, Path(__file__), argv, echo=True)
         per_rank = {s: [r[s] for r in ranks] for s in ("ddp", "fsdp")}
         # The largest rank is what must fit: report the max over ranks.
         worst = {s: max(per_rank[s], key=total) for s in per_rank}

@@ -24,7 +24,7 @@ Three parts, each selectable with ``--parts`` (default: all three):
   micro-batch 4, ``--dtype``. 4 ranks on a 2-core machine are oversubscribed: the ratios say how the strategies
   compare when compute is scarce, not what a real cluster would show.
 
-    .venv/bin/python benchmarks/bench_memory_plan.py [--parts measure,zero,throughput] [--ranks 1,2,4]
+    .venv/bin/python -m benchmarks.bench_memory_plan [--parts measure,zero,throughput] [--ranks 1,2,4]
                                                      [--models 384,768] [--rounds 8] [--dtype fp32]
 """
 
@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-import _common as C
+from benchmarks import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GiB = 2**30
 MiB = 2**20
@@ -113,8 +114,8 @@ def measure_worker(args: argparse.Namespace) -> None:
         cfg = job_config({"d_model": args.width}, env.world_size, args.micro_batch, strategy, args.dtype)
         gc.collect()
         out[s] = measure_strategy(cfg, s, env, steps=2)
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def largest_rank(ranks: list[dict[str, Any]], s: str) -> dict[str, Any]:
@@ -140,7 +141,7 @@ def measure_at(args: argparse.Namespace, argv: list[str], width: int, world: int
             measured |= measure(cfg_h, world, ["hsdp"])
     else:
         worker_argv = [*argv, "--role", "measure", "--width", str(width)]
-        ranks = C.launch_and_collect(world, Path(__file__), worker_argv)
+        ranks = launch_and_collect(world, Path(__file__), worker_argv, echo=True)
         measured = {s: largest_rank(ranks, s) for s in strategies}
     mem = 80 * GiB  # the plan's figures do not depend on it
     est = plan_job(cfg, Layout(world, 1, mem), cross_entropy)
@@ -336,13 +337,13 @@ def throughput_worker(args: argparse.Namespace) -> None:
         before_block=dist.barrier,
     )
     out = C.slowest_rank(times)
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def run_throughput(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     print("throughput: DDP, FSDP, HSDP 2x2 at 4 ranks, one launch ...", flush=True)
-    times = C.launch_and_collect(4, Path(__file__), [*argv, "--role", "throughput"])[0]
+    times = launch_and_collect(4, Path(__file__), [*argv, "--role", "throughput"], echo=True)[0]
     tokens = TP["micro"] * TP["context"] * 4
     rows, figures = [], {}
     for s in ("ddp", "fsdp", "hsdp"):
@@ -374,7 +375,7 @@ def run_throughput(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         measure_worker(args) if args.role == "measure" else throughput_worker(args)
         return
     parts = args.parts.split(",")

@@ -30,7 +30,7 @@ the Trainer computes it (against the peak it measures at start-up), the same wit
 all-reduce switched off (``no_sync`` on every step: the cost of communication), and with the three
 choices above forced back to SDPA / tanh / foreach (the code before cbd42a5). Goal: MFU >= 35% (part 1).
 
-    .venv/bin/python benchmarks/bench_mfu.py [--rounds 12] [--skip-2rank] [--compile] [--dtype fp32|bf16]
+    .venv/bin/python -m benchmarks.bench_mfu [--rounds 12] [--skip-2rank] [--compile] [--dtype fp32|bf16]
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import _common as C
-from mfu_variants import (
+from benchmarks import _common as C
+from benchmarks.mfu_variants import (
     BEFORE,
     COMPILE_MODES,
     GemmsOnly,
@@ -56,6 +56,7 @@ from mfu_variants import (
     print_profiles,
     profile_steps,
 )
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOAL = 0.35
 
@@ -316,12 +317,12 @@ def worker(args: argparse.Namespace) -> None:
         "first_loss": first_loss,
         "flops_per_step_per_rank": trainers["ddp"].flops_per_sample * 8,
     }
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def two_ranks(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    ranks = C.launch_and_collect(2, Path(__file__), argv)
+    ranks = launch_and_collect(2, Path(__file__), argv, echo=True)
     times = C.slowest_per_round([r["times"] for r in ranks])
     names = list(times)
     peaks = [min(r["peaks"][i] for r in ranks) for i in range(len(ranks[0]["peaks"]))]
@@ -362,7 +363,7 @@ def two_ranks(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     C.one_thread()

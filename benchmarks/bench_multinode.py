@@ -1,7 +1,7 @@
 """Two hosts over a rate-limited link: tokens/s and the bytes that cross the node boundary per step for HSDP,
 FSDP and DDP, and the time from a node's death to the one-line error on the other node.
 
-Two Linux network namespaces joined by a veth pair stand for two hosts (``tests/netns_hosts.py``: needs root
+Two Linux network namespaces joined by a veth pair stand for two hosts (``disttrain.testing.netns``: needs root
 and iproute2); each runs its own ``disttrain run`` launcher with 2 ranks (4 ranks in all, rendezvous on host
 A). Both ends of the link are limited to 1 Gbit/s with ``tc`` (netem ``delay 0.2ms rate 1gbit``, or tbf at
 the same rate and no added delay where the kernel has no netem); a 32 MiB TCP transfer checks the limit.
@@ -18,7 +18,7 @@ Every strategy trains the same GPT (4 blocks, width 256, context 64, fp32) with 
 All 4 ranks share this machine's cores, so sharding's own work (collectives inside a node) weighs more than it
 would on real hosts; the bytes across the link do not depend on that.
 
-    .venv/bin/python benchmarks/bench_multinode.py [--steps 30] [--repeats 1] [--rate 1gbit]  # as root
+    .venv/bin/python -m benchmarks.bench_multinode [--steps 30] [--repeats 1] [--rate 1gbit]  # as root
 
 (the figures in docs/performance.md: ``--repeats 2``, about 5 minutes on 2 cores).
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import itertools
 import json
 import os
@@ -39,12 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as C
-
-sys.path.insert(0, str(C.ROOT / "tests"))
-from netns_hosts import Host, two_hosts, why_not
-
-from conftest import BIN, CORPUS, child_env, pids_mentioning
+from benchmarks import _common as C
+from disttrain.testing.launch import DISTTRAIN, child_env, pids_mentioning
+from disttrain.testing.netns import Host, two_hosts, why_not
+from disttrain.testing.tiny import write_small_text
 
 PORT = 29_571
 STRATEGIES = ("hsdp", "fsdp", "ddp")
@@ -169,7 +166,7 @@ def launch(a: Host, b: Host, args: list[str], port: int, logs: Path) -> list[sub
     nodes = ["--parallel.nproc", "2", "--launch.nnodes", "2", "--launch.rdzv-endpoint", f"{a.addr}:{port}"]
     procs = []
     for rank, h in enumerate((a, b)):
-        cmd = h.cmd(str(BIN / "disttrain"), *args, *nodes, "--launch.node-rank", str(rank))
+        cmd = h.cmd(str(DISTTRAIN), *args, *nodes, "--launch.node-rank", str(rank))
         out, err = (open(logs.with_suffix(f".{h.ns}.{k}"), "w") for k in ("out", "err"))  # noqa: SIM115
         procs.append(subprocess.Popen(cmd, env=child_env(), stdout=out, stderr=err, text=True, start_new_session=True))
         out.close()
@@ -297,7 +294,7 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="disttrain-multinode-") as tmp_name:
         tmp = Path(tmp_name)
         data = tmp / "corpus.txt"
-        data.write_text(gzip.decompress(CORPUS.read_bytes()).decode()[:200_000])
+        write_small_text(data, 200_000)
         try:
             with two_hosts() as (a, b):
                 free = transfer_gbit(a, b, PORT - 1)

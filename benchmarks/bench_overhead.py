@@ -18,7 +18,7 @@ The whole comparison is launched ``--launches`` times (fresh processes): the rat
 by a few % in a way its rounds don't show (an A/A control, ``--aa``, shows it), so the figure is the
 median over launches.
 
-    .venv/bin/python benchmarks/bench_overhead.py [--launches 5] [--rounds 6] [--steps-per-block 2] [--aa]
+    .venv/bin/python -m benchmarks.bench_overhead [--launches 5] [--rounds 6] [--steps-per-block 2] [--aa]
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks import _common as C
 from disttrain.config import DTYPES
-
-import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOAL = 0.97
 
@@ -227,13 +227,13 @@ def worker(args: argparse.Namespace) -> None:
             )
         out[strategy] = C.slowest_rank(times)
         del trainer, plain
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     # Each launch is a fresh pair of processes: ratios differ between launches by a few % more than the
@@ -242,7 +242,7 @@ def main(argv: list[str]) -> None:
     launches = []
     for i in range(args.launches):
         print(f"launch {i + 1}/{args.launches} ...", flush=True)
-        launches.append(C.launch_and_collect(args.nproc, Path(__file__), argv)[0])
+        launches.append(launch_and_collect(args.nproc, Path(__file__), argv, echo=True)[0])
     rows, figures = [], {}
     for strategy in launches[0]:
         runs = [run[strategy] for run in launches]

@@ -10,7 +10,7 @@ so load drifting over the run hits all alike; the figure is the median over roun
 Goals: the predicted ranking equals the measured ranking, each predicted step within 25% of the measured one;
 the many-small-blocks model at least 1.3x faster with the chosen grouping than with one unit per block.
 
-    .venv/bin/python benchmarks/bench_plan_time.py [--rounds 3] [--nproc 2,4] [--models default,small-blocks]
+    .venv/bin/python -m benchmarks.bench_plan_time [--rounds 3] [--nproc 2,4] [--models default,small-blocks]
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from benchmarks import _common as C
 from disttrain.plan.timing import NEAR_BEST
-
-import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 MODELS = {
     "default": {"n_layers": 6, "d_model": 384, "n_heads": 6, "context": 256},
@@ -109,8 +109,8 @@ def worker(args: argparse.Namespace) -> None:
     times = C.interleave(
         {n: step(n) for n in trainers}, steps_per_block=1, rounds=args.rounds, warmup=1, before_block=dist.barrier
     )
-    C.write_rank_result(args.out, env.rank, C.slowest_rank(times))
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, C.slowest_rank(times))
+    finish_worker()
 
 
 def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -132,7 +132,9 @@ def run_group(model: str, nproc: int, args: argparse.Namespace) -> dict[str, Any
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"variants": configs}))
-        measured = C.launch_and_collect(nproc, Path(__file__), ["--rounds", str(args.rounds), "--spec", str(spec)])[0]
+        measured = launch_and_collect(
+            nproc, Path(__file__), ["--rounds", str(args.rounds), "--spec", str(spec)], echo=True
+        )[0]
     names = list(vs)
     rows = {n: {"predicted_s": vs[n][2], "measured_s": C.median(measured[n]), "runs": measured[n]} for n in names}
     pred_rank = sorted(names, key=lambda n: rows[n]["predicted_s"])
@@ -190,7 +192,7 @@ def print_group(g: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     C.print_machine()

@@ -7,7 +7,7 @@ core). Goal: bf16 throughput >= 2.5 x fp32, and the short run's final losses clo
 two variants with the implementation choices of the code before cbd42a5 forced back at run time (SDPA
 attention, tanh GELU, foreach AdamW; see bench_mfu.py), to reproduce the ratio measured then.
 
-    .venv/bin/python benchmarks/bench_precision.py [--rounds 10] [--steps-per-block 2] [--before]
+    .venv/bin/python -m benchmarks.bench_precision [--rounds 10] [--steps-per-block 2] [--before]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import argparse
 import sys
 from typing import Any
 
-import _common as C
-from mfu_variants import BEFORE, apply_variant
+from benchmarks import _common as C
+from benchmarks.mfu_variants import BEFORE, apply_variant
 
 GOAL = 2.5
 

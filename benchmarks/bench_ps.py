@@ -6,7 +6,7 @@ distinct rows a batch needs) against shipping its whole tables both ways (goal <
 Each configuration is a fresh `disttrain ps` job (trainers and servers share this machine's cores, so more
 processes is not more compute here); figures come from each job's summary.json.
 
-    .venv/bin/python benchmarks/bench_ps.py [--steps 60]
+    .venv/bin/python -m benchmarks.bench_ps [--steps 60]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import _common as C
+from benchmarks import _common as C
 
 BYTES_GOAL = 0.01
 

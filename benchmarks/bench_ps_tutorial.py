@@ -30,7 +30,7 @@ the ratio, if anything, understates disttrain. AUC: after training, trainer 0 sc
 Rows: the tutorial pattern (1 server), ``disttrain ps --ps.trainers 2 --ps.servers 1`` (like for like: the tutorial
 has one server) and ``--ps.servers 2``. Goal: disttrain >= 3x the tutorial's samples/s at 2 trainers.
 
-    .venv/bin/python benchmarks/bench_ps_tutorial.py [--steps 60] [--tables 100000 50000 10000 1000 500 100]
+    .venv/bin/python -m benchmarks.bench_ps_tutorial [--steps 60] [--tables 100000 50000 10000 1000 500 100]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,10 +57,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import DistributedOptimizer
 
+from benchmarks import _common as C
 from disttrain.ps.clicks import Batch, ClickLog, auc
 from disttrain.ps.model import DenseArch
-
-import _common as C
+from disttrain.testing.launch import DISTTRAIN
+from disttrain.testing.ports import free_port
 
 GOAL = 3.0
 WARMUP = 3
@@ -226,12 +226,6 @@ def worker(i: int, s: Setup, port: int, out: str) -> None:
     rpc.shutdown()  # waits for every worker
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_tutorial(s: Setup, timeout: float = 900.0) -> dict[str, Any]:
     """One server + ``s.trainers`` trainers (spawned processes); samples/s after warm-up, AUC, step times."""
     os.environ.update(TP_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
@@ -291,7 +285,7 @@ def run_disttrain(s: Setup, servers: int, tmp: Path) -> dict[str, Any]:
         "--train.seed",
         str(s.seed),
     ]
-    cmd = [str(C.DISTTRAIN), "ps", *args, "--run.root", str(tmp), "--run.name", name]
+    cmd = [str(DISTTRAIN), "ps", *args, "--run.root", str(tmp), "--run.name", name]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:

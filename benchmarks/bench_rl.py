@@ -29,8 +29,8 @@ machine's cores, so more actors is not more compute here); its figures come from
    disttrain / baseline of the medians has goal <= 0.7. disttrain's whole-command time (process start-up,
    RPC set-up and shutdown included) is reported beside it.
 
-    .venv/bin/python benchmarks/bench_rl.py [--quick] [--seeds 0 1 2] [--run-root DIR]
-    .venv/bin/python benchmarks/bench_rl.py --tables-from benchmarks/results/bench_rl.json  # print again
+    .venv/bin/python -m benchmarks.bench_rl [--quick] [--seeds 0 1 2] [--run-root DIR]
+    .venv/bin/python -m benchmarks.bench_rl --tables-from benchmarks/results/bench_rl.json  # print again
 """
 
 from __future__ import annotations
@@ -55,14 +55,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from benchmarks import _common as C
 from disttrain.rl.config import RLConfig, RLTrainConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.nets import make_net
 from disttrain.rl.nstep import NStepFolder
 from disttrain.rl.replay import ReplayBuffer
 from disttrain.rl.updates import dqn_step
-
-import _common as C
 
 SOLVE_GOAL_S = 120.0
 RATIO_GOAL = 0.7

@@ -8,20 +8,18 @@ thread each), micro-batch 4, fp32. Each variant runs in a launch of its own thro
 gradients and optimizer state, and the process RSS peak above the RSS before the model was built. Memory does
 not depend on the load; the step times are printed too, but they come from separate launches.
 
-    .venv/bin/python benchmarks/bench_root_units.py
+    .venv/bin/python -m benchmarks.bench_root_units
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
-from pathlib import Path
 
 from torch import nn
 
-import _common as C
+from benchmarks import _common as C
 
 VOCAB, LAYERS, WIDTH, HEADS, CONTEXT = 16384, 4, 256, 4, 128
 
@@ -42,13 +40,10 @@ def main(argv: list[str]) -> None:
     from disttrain.plan.estimate import Layout, plan_job
     from disttrain.train.loss import cross_entropy
 
-    here = str(Path(__file__).resolve().parent)  # the ranks import big_vocab from this folder
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    sys.path.insert(0, here)
     C.print_machine()
     base = from_dict(
         {
-            "model": {"module": "bench_root_units:big_vocab", "context": CONTEXT},
+            "model": {"module": "benchmarks.bench_root_units:big_vocab", "context": CONTEXT},
             "train": {"micro_batch": 4, "global_batch": 4 * args.nproc, "eval_interval": 0},
             "parallel": {"device": "cpu", "nproc": args.nproc, "blocks_per_unit": 1},
             "precision": {"dtype": "fp32"},

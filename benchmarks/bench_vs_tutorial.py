@@ -15,7 +15,7 @@ training), so the table gives each loop's MFU and the ceiling of the ratio: a lo
 peak would be ``1 / tutorial MFU`` times faster than the tutorial. Where the tutorial already runs at more
 than 62.5% MFU (compute-bound: fast matmuls, little communication), 1.6x is out of reach on that machine.
 
-    .venv/bin/python benchmarks/bench_vs_tutorial.py [--dtype bf16|fp32] [--launches 3] [--rounds 4]
+    .venv/bin/python -m benchmarks.bench_vs_tutorial [--dtype bf16|fp32] [--launches 3] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench_overhead import PlainLoop
-
-import _common as C
+from benchmarks import _common as C
+from benchmarks.bench_overhead import PlainLoop
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOAL = 1.6
 
@@ -115,17 +115,17 @@ def worker(args: argparse.Namespace) -> None:
         "parallel": to_dict(trainer.cfg)["parallel"],
         "dtype": trainer.cfg.precision.dtype,
     }
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     C.print_machine()
-    launches = [C.launch_and_collect(args.nproc, Path(__file__), argv)[0] for _ in range(args.launches)]
+    launches = [launch_and_collect(args.nproc, Path(__file__), argv, echo=True)[0] for _ in range(args.launches)]
     per_launch = [C.paired_ratio(r["times"]["tutorial"], r["times"]["disttrain"]) for r in launches]
     ratio = C.median(per_launch)
     first = launches[0]

@@ -7,7 +7,7 @@ each variant starts in fresh processes (peak RSS is a high-water mark), alternat
 The figure is the peak RSS (VmHWM, reset after imports) above the RSS after imports, the larger of the two ranks.
 Goal: disttrain / whole-file <= 0.6.
 
-    .venv/bin/python benchmarks/bench_weights.py [--launches 3] [--layers 8] [--width 512]
+    .venv/bin/python -m benchmarks.bench_weights [--launches 3] [--layers 8] [--width 512]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-import _common as C
+from benchmarks import _common as C
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOAL = 0.6
 VOCAB = 128
@@ -106,13 +107,13 @@ def worker(args: argparse.Namespace) -> None:
     peak = peak_bytes()
     local = sum(p.to_local().numel() * 4 for p in model.parameters())  # type: ignore[attr-defined]
     dist.barrier()
-    C.write_rank_result(args.out, env.rank, {"peak_above_start": peak - base, "shard_bytes": local})
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, {"peak_above_start": peak - base, "shard_bytes": local})
+    finish_worker()
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     from transformers import GPT2LMHeadModel
@@ -127,7 +128,9 @@ def main(argv: list[str]) -> None:
         for i in range(args.launches):
             for variant in peaks:
                 print(f"launch {i + 1}/{args.launches}: {variant} ...", flush=True)
-                ranks = C.launch_and_collect(2, Path(__file__), [*argv, "--variant", variant, "--weights", tmp])
+                ranks = launch_and_collect(
+                    2, Path(__file__), [*argv, "--variant", variant, "--weights", tmp], echo=True
+                )
                 peaks[variant].append(max(r["peak_above_start"] for r in ranks))
     dt, whole = C.median(peaks["disttrain"]), C.median(peaks["whole"])
     ratio = dt / whole

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import _common as C
+from benchmarks import _common as C
 
 GOAL_BLOCKED = 0.10
 GOAL_THROUGHPUT = 0.50

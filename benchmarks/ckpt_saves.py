@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import _common as C
-from ckpt_setup import config, make_trainer
+from benchmarks import _common as C
+from benchmarks.ckpt_setup import config, make_trainer
 
 Timings = dict[str, float]  # what one call of a variant measured on this rank
 Variant = Callable[[], Timings]

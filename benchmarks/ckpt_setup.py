@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import _common as C
+from benchmarks import _common as C
 
 
 def config(args: argparse.Namespace, world: int, big: bool, ckpt: dict[str, Any] | None = None) -> Any:

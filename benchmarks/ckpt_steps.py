@@ -11,8 +11,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-import _common as C
-from ckpt_setup import config, make_trainer
+from benchmarks import _common as C
+from benchmarks.ckpt_setup import config, make_trainer
 
 
 class Blocks:

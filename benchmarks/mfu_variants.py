@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import _common as C
+from benchmarks import _common as C
 
 
 def _mlp_gelu_tanh(self: Any, x: torch.Tensor) -> torch.Tensor:

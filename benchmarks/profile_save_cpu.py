@@ -5,7 +5,7 @@ Each phase is timed with ``time.thread_time()`` on the thread that runs it: ``sa
 the staging copy on the stager's thread, DCP's upload (planning, collectives, writing) and the commit on the
 upload thread, the keep-k purge on its own thread. Medians per rank over ``--blocks`` saves, after one untimed.
 
-    .venv/bin/python benchmarks/profile_save_cpu.py [--blocks 8]
+    .venv/bin/python -m benchmarks.profile_save_cpu [--blocks 8]
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import bench_checkpoint as B
-
-import _common as C
-from ckpt_setup import config, make_trainer
+from benchmarks import _common as C
+from benchmarks import bench_checkpoint as B
+from benchmarks.ckpt_setup import config, make_trainer
+from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 PHASES = {  # label -> (module, owner attribute path, method)
     "save() (training thread)": ("disttrain.checkpoint", "CheckpointManager", "save"),
@@ -88,8 +88,8 @@ def worker(args: argparse.Namespace) -> None:
     out["saves"] = len(cpu["save() (training thread)"])
     out["process CPU per interval"] = process_cpu / args.blocks * 1e3
     out["wall per interval"] = wall / args.blocks * 1e3
-    C.write_rank_result(args.out, env.rank, out)
-    C.finish_worker()
+    write_rank_result(args.out, env.rank, out)
+    finish_worker()
 
 
 def main(argv: list[str]) -> None:
@@ -98,13 +98,13 @@ def main(argv: list[str]) -> None:
     p.add_argument("--root", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if C.is_worker():
+    if is_worker():
         worker(args)
         return
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="disttrain-prof-", dir="/tmp") as root:
-        ranks = C.launch_and_collect(2, Path(__file__), [*argv, "--root", root])
+        ranks = launch_and_collect(2, Path(__file__), [*argv, "--root", root], echo=True)
     labels = [k for k in PHASES if any(k in r for r in ranks)]
     rows = [[label, *(r.get(label, 0.0) for r in ranks)] for label in labels]
     per_save = [sum(r.get(k, 0.0) for k in PHASES if not k.startswith(" ")) for r in ranks]

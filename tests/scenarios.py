@@ -1,14 +1,15 @@
-"""Multi-process scenarios for the test suite, run under `disttrain launch -n N scenarios.py NAME OUT SPEC`.
+"""Multi-process scenarios for the test suite, run under `disttrain launch -n N scenarios.py SPEC --out OUT`
+(:func:`disttrain.testing.launch.launch_and_collect`).
 
 Each rank runs every variant in SPEC (a JSON list of {name, config}) inside one process group and
-writes its results to OUT/NAME.rank<r>.json; the pytest side compares them with a single-process
+writes its results to OUT/rank<r>.json; the pytest side compares them with a single-process
 reference. One launch per scenario keeps the suite fast (imports cost ~2 s per process here).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from disttrain.models.outputs import logits_of
 from disttrain.parallel.env import destroy_distributed, init_distributed
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.strategies import resolve_name
+from disttrain.testing.launch import write_rank_result
 from disttrain.train.trainer import Trainer
 
 
@@ -232,11 +234,14 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    name, out_dir, spec_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    specs = json.loads(spec_path.read_text())
+    p = argparse.ArgumentParser()
+    p.add_argument("spec", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    specs = json.loads(args.spec.read_text())
     env = init_distributed("cpu", timeout_s=60, threads=1)
     results = {s["name"]: run_variant(s, env) for s in specs}
-    (out_dir / f"{name}.rank{env.rank}.json").write_text(json.dumps(results))
+    write_rank_result(args.out, env.rank, results)
     destroy_distributed()
 
 

@@ -1,5 +1,5 @@
 """Checkpoints: exact resume after kill -9, load on another world size / strategy, crashes during a save,
-corrupt files skipped, keep-k purge. Faults are injected on purpose (DISTTRAIN_FAULT, see checkpoint.py)."""
+corrupt files skipped, keep-k purge. Faults are injected on purpose (DISTTRAIN_FAULT, see disttrain.testing.faults)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from torch.testing import assert_close
 from disttrain.checkpoint import CheckpointManager, ModelOptimState, inspect_folder, list_checkpoints
 from disttrain.config import CheckpointConfig
 from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.testing.launch import together
+from disttrain.testing.tiny import tiny_config
 
-from conftest import disttrain, run_scenario, tiny_config, together
+from conftest import disttrain, run_scenario
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -19,8 +19,9 @@ from disttrain.checkpoint.export import load_state
 from disttrain.cli import main
 from disttrain.errors import CheckpointError
 from disttrain.models.gpt import GPT, GPTConfig
+from disttrain.testing.launch import together
 
-from conftest import disttrain, together
+from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -12,8 +12,9 @@ from disttrain.config import JobConfig, apply_overrides, parse_command
 from disttrain.errors import ConfigError
 from disttrain.ps.config import PSJobConfig
 from disttrain.rl.config import RLJobConfig
+from disttrain.testing.launch import together
 
-from conftest import disttrain, together
+from conftest import disttrain
 
 pytestmark = pytest.mark.timeout(120)
 

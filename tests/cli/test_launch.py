@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from disttrain.launch.torchrun import worker_env_defaults
+from disttrain.testing.tiny import tiny_cli_args
 from disttrain.utils.malloc import CPU_MALLOC_ENV
 
-from conftest import disttrain, tiny_cli_args
+from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, child_env, metric_steps, pids_mentioning, tiny_cli_args
+from disttrain.testing.launch import DISTTRAIN, pids_mentioning
+from disttrain.testing.tiny import tiny_cli_args
+
+from conftest import child_env, metric_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     pipe, env = subprocess.PIPE, {**child_env(), **(env or {})}
     return subprocess.Popen(
-        [str(BIN / "disttrain"), *args], env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
+        [str(DISTTRAIN), *args], env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
     )
 
 
@@ -92,7 +95,7 @@ def test_sigterm_saves_the_step_every_rank_finished_and_the_job_resumes_there(tm
     events = [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "preempted" and e["step"] == last for e in events), events
     again = subprocess.run(
-        [str(BIN / "disttrain"), *job(tmp_path, small_text, "pre", last + 2)],
+        [str(DISTTRAIN), *job(tmp_path, small_text, "pre", last + 2)],
         env=child_env(),
         capture_output=True,
         text=True,

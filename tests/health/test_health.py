@@ -1,4 +1,4 @@
-"""Health and fault tolerance, with faults injected on purpose (DISTTRAIN_FAULT, see disttrain.health):
+"""Health and fault tolerance, with faults injected on purpose (DISTTRAIN_FAULT, see disttrain.testing.faults):
 a hung rank is named, its stacks dumped and the job restarted from the last checkpoint; NaN steps are
 skipped, then rolled back; a slow rank is named a straggler; `doctor` says what is wrong and how to fix it."""
 
@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,12 @@ from disttrain.health import monitor as health
 from disttrain.health.signals import PREEMPT, STOPPING, install_stop_signals
 from disttrain.jobs import doctor
 from disttrain.launch.debug_env import debug_env
+from disttrain.testing import faults
+from disttrain.testing.tiny import tiny_cli_args
 from disttrain.train.trainer import Trainer
-from disttrain.utils import faults
+from disttrain.utils import hooks
 
-from conftest import disttrain, tiny_cli_args
+from conftest import disttrain
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -60,7 +62,7 @@ def test_a_hung_rank_is_named_its_stacks_dumped_and_the_job_exits(tmp_path: Path
     assert 3.0 <= hang["stuck"][0]["idle_s"] < 10 and hang["waiting"] == [0]
     stacks = tmp_path / "h" / "health" / "stacks"
     rank1 = (stacks / "attempt0-rank1.txt").read_text()
-    assert "in inject_faults" in rank1 and "in train_step" in rank1 and "in fit" in rank1  # the sleeping frame
+    assert "in sleep_forever" in rank1 and "in train_step" in rank1 and "in fit" in rank1  # the sleeping frame
     assert "disttrain-health" in rank1 or "_on_verdict" in rank1  # every thread is there, the watchdog's too
     assert "in train_step" in (stacks / "attempt0-rank0.txt").read_text()  # rank 0 waits inside its step
     assert not list(stacks.glob("*backstop*")), "the faulthandler backstop files are removed when unused"
@@ -104,12 +106,20 @@ def make_trainer(tiny_trainer: Callable[..., Trainer], tmp_path: Path) -> Callab
     return build
 
 
+@pytest.fixture
+def inject(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], faults.Injector]]:
+    """``inject(spec)``: in this process, what a worker entry does when DISTTRAIN_FAULT is ``spec``; removed
+    after the test."""
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    yield faults.install
+    faults.uninstall()
+
+
 def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
-    tmp_path: Path, make_trainer: Callable[..., Trainer], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_trainer: Callable[..., Trainer], inject: Callable[[str], faults.Injector]
 ) -> None:
-    monkeypatch.setattr(faults, "_FIRED", set())
     # one NaN at step 2 (skipped, training goes on); three in a row at 7-9 (rolled back to step 6)
-    monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:7:0,nan:8:0,nan:9:0")
+    inject("nan:2:0,nan:7:0,nan:8:0,nan:9:0")
     trainer = make_trainer(12, max_bad_steps=3, rollback_lr_factor=0.5)
     lr_before = trainer.scheduler.base_lrs[0]
     res = trainer.fit()
@@ -125,10 +135,9 @@ def test_nan_steps_are_skipped_and_k_in_a_row_roll_back(
 
 
 def test_bad_steps_can_stop_the_run_with_a_message(
-    make_trainer: Callable[..., Trainer], monkeypatch: pytest.MonkeyPatch
+    make_trainer: Callable[..., Trainer], inject: Callable[[str], faults.Injector]
 ) -> None:
-    monkeypatch.setattr(faults, "_FIRED", set())
-    monkeypatch.setenv("DISTTRAIN_FAULT", "nan:2:0,nan:3:0")
+    inject("nan:2:0,nan:3:0")
     trainer = make_trainer(6, max_bad_steps=2, on_bad_steps="stop")
     with pytest.raises(HealthError, match=r"2 bad steps in a row .* up to step 3; health.on_bad_steps is stop"):
         trainer.fit()
@@ -145,32 +154,22 @@ def test_the_spike_guard_compares_with_a_rolling_median() -> None:
     assert StepGuard(HealthConfig(spike_rtol=0)).check(1e9, 1.0) is None  # off
 
 
-def test_the_fault_hook_costs_the_same_at_any_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """inject_faults runs every step: it used to try slow:<k>:<r> for every k <= step (35 ms per step at
-    step 10,000, without any DISTTRAIN_FAULT set)."""
-    calls: list[tuple[Any, ...]] = []
-    real = health.fault_matches
-
-    def counted(*args: Any, **kwargs: Any) -> bool:
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(health, "fault_matches", counted)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    monkeypatch.delenv("DISTTRAIN_FAULT", raising=False)
-    mon = HealthMonitor(HealthConfig(), 0, 2, None, 600.0)
-    mon.inject_faults(100_000)
-    monkeypatch.setenv("DISTTRAIN_FAULT", "slow:7:1,nan:3:0")
-    mon.inject_faults(100_000)
-    assert len(calls) <= 3
-    assert mon._burned == 0  # rank 1's fault
-    # the slow fault still holds from its step on, on its own rank
-    monkeypatch.setenv("DISTTRAIN_FAULT", "slow:7:0")
-    mon._clean_cpu = 0.005
-    mon.inject_faults(6)
-    assert mon._burned == 0
-    mon.inject_faults(100_000)
-    assert mon._burned >= 0.01
+def test_the_fault_hook_costs_the_same_at_any_step(inject: Callable[[str], faults.Injector]) -> None:
+    """The loss hook runs every step: it once tried slow:<k>:<r> for every k <= step (35 ms per step at step
+    10,000); the slow fault holds from its step on, on its own rank."""
+    injector = inject("slow:7:1,nan:3:0")
+    t0 = time.perf_counter()
+    for step in range(10**9, 10**9 + 100):
+        assert hooks.apply("loss", 1.0, step, 0) == 1.0
+    assert time.perf_counter() - t0 < 0.1
+    assert injector.slow.burned == 0  # rank 1's fault
+    injector = inject("slow:7:0")
+    injector.slow.mark = time.thread_time() - 0.005  # the step before took 5 ms of CPU
+    hooks.apply("loss", 1.0, 6, 0)
+    assert injector.slow.burned == 0
+    injector.slow.mark = time.thread_time() - 0.005
+    hooks.apply("loss", 1.0, 100_000, 0)
+    assert injector.slow.burned >= 0.01
 
 
 def test_the_hang_verdict_names_the_rank_behind_not_the_one_waiting_for_it(

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import child_env, disttrain, metric_steps, pids_mentioning, tiny_cli_args
+from disttrain.testing.launch import pids_mentioning
+from disttrain.testing.ports import free_port
+from disttrain.testing.tiny import tiny_cli_args
+
+from conftest import child_env, disttrain, metric_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -39,9 +42,7 @@ def fake_slurm(tmp: Path) -> dict[str, str]:
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     return {
         **child_env(),
         "PATH": f"{bin_dir}:{os.environ['PATH']}",

@@ -15,9 +15,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from netns_hosts import Host, two_hosts, why_not
+from disttrain.testing.launch import DISTTRAIN, together
+from disttrain.testing.netns import Host, two_hosts, why_not
+from disttrain.testing.tiny import tiny_cli_args
 
-from conftest import disttrain, metric_steps, tiny_cli_args, together
+from conftest import disttrain, metric_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 if (reason := why_not()) is not None:
@@ -81,9 +83,7 @@ def test_hsdp_over_two_hosts_equals_one_process_and_resumes_on_one_host(tmp_path
 
 
 def disttrain_cmd(args: list[str]) -> list[str]:
-    from conftest import BIN
-
-    return [str(BIN / "disttrain"), *args]
+    return [str(DISTTRAIN), *args]
 
 
 def test_a_host_that_dies_stops_the_other_with_one_line_and_a_preempted_host_saves_both_and_all_resume_bitwise(

@@ -16,9 +16,8 @@ import pytest
 from disttrain.config import from_dict
 from disttrain.launch.torchrun import run_module_captured
 from disttrain.plan.estimate import GiB, Layout, plan_job
+from disttrain.testing.tiny import tiny_config
 from disttrain.train.loss import cross_entropy
-
-from conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 STRATEGIES = ["ddp", "fsdp", "fsdp_no_reshard"]

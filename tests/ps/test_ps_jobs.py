@@ -4,7 +4,6 @@ batch; ASP runs without waiting; mistakes are one line."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,10 @@ from torch.testing import assert_close
 from disttrain.config import load_toml, to_dict
 from disttrain.ps.clicks import ClickLog, write_criteo
 from disttrain.ps.config import PSJobConfig
+from disttrain.testing.launch import DISTTRAIN, together
+from disttrain.testing.ports import free_port
 
-from conftest import BIN, child_env, disttrain, together
+from conftest import child_env, disttrain
 
 SMALL = [
     "--ps.tables",
@@ -112,9 +113,7 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
     assert losses[-1] < losses[0]
     assert summary["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=1e-4)
     # the same job over two "nodes" (two launchers meeting at a c10d rendezvous on this host)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]
     two = [
         *SMALL,
@@ -130,7 +129,7 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
         str(tmp_path / "nodes"),
     ]
     other = subprocess.Popen(
-        [str(BIN / "disttrain"), "ps", *two, "--run.name", "n", *nodes, "1"],
+        [str(DISTTRAIN), "ps", *two, "--run.name", "n", *nodes, "1"],
         env=child_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

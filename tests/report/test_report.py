@@ -17,8 +17,10 @@ import pytest
 
 from disttrain.report import load_run
 from disttrain.report.page import final_figures
+from disttrain.testing.launch import DISTTRAIN, together
+from disttrain.testing.tiny import tiny_cli_args
 
-from conftest import BIN, child_env, disttrain, tiny_cli_args, together
+from conftest import child_env, disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -163,7 +165,7 @@ def test_chromium_shows_the_report_from_disk_and_live(runs: tuple[Path, Path], t
     n = len(list((run / "report" / "plots").glob("*.png")))
     check_in_browser(page.as_uri(), tmp_path / "disk.png", n)
     server = subprocess.Popen(
-        [str(BIN / "disttrain"), "report", "--live", "--port", "0", "--refresh-s", "10", str(run)],
+        [str(DISTTRAIN), "report", "--live", "--port", "0", "--refresh-s", "10", str(run)],
         env=child_env(),
         stdout=subprocess.PIPE,
         text=True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,10 @@ import pytest
 
 from disttrain.config import load_toml, to_dict
 from disttrain.rl.config import RLJobConfig
+from disttrain.testing.launch import DISTTRAIN, together
+from disttrain.testing.ports import free_port
 
-from conftest import BIN, child_env, disttrain, together
+from conftest import child_env, disttrain
 
 RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
 
@@ -123,9 +124,7 @@ def test_bad_rl_options_are_one_line(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
     """Two launchers (node 0: learner + actor 0; node 1: actors 1 and 2) meeting at node 0's address."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     args = [
         "rl",
         "--train.max-env-steps",
@@ -141,7 +140,7 @@ def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
         "--launch.node-rank",
     ]
     other = subprocess.Popen(
-        [str(BIN / "disttrain"), *args, "1"],
+        [str(DISTTRAIN), *args, "1"],
         env=child_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -4,6 +4,7 @@ actor-side inference, and the learner's checkpoint round trip."""
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -134,6 +135,21 @@ def test_an_unusable_environment_is_one_clear_error(env_id: str, message: str) -
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         env_spec(env_id)
     assert env_spec("CartPole-v1") == EnvSpec(4, 2)
+
+
+def test_without_gymnasium_disttrain_rl_names_the_install_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gymnasium is the ``rl`` extra, not a dependency of every install: without it, one line and exit 2."""
+    from disttrain.cli import main
+
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # `import gymnasium` raises ImportError
+    with pytest.raises(ConfigError, match=r"needs gymnasium, an optional part: pip install 'disttrain\[rl\]'"):
+        env_spec("CartPole-v1")
+    assert main(["rl", "--run.root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "disttrain: error: disttrain rl needs gymnasium, an optional part: pip install 'disttrain[rl]'\n"
+    assert not list(tmp_path.iterdir())  # nothing started, no run folder
 
 
 def test_every_disttrain_rl_command_in_its_guide_parses() -> None:

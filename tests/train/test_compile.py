@@ -19,8 +19,9 @@ from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.blocks import find_blocks
 from disttrain.parallel.compile import AUTO, apply_compile, resolve_compile
+from disttrain.testing.tiny import tiny_config
 
-from conftest import FP32, tiny_config
+from conftest import FP32
 
 pytestmark = pytest.mark.timeout(240)
 TINY = GPTConfig(vocab_size=50, n_layers=2, d_model=32, n_heads=4, context=16)

@@ -13,7 +13,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import FP32, losses, run_scenario, tiny_config, together
+from disttrain.testing.launch import together
+from disttrain.testing.tiny import tiny_config
+
+from conftest import FP32, losses, run_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 

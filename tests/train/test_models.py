@@ -22,9 +22,11 @@ from disttrain.data.text import load_text_data
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.models.outputs import logits_of, loss_of
 from disttrain.parallel.meta_init import materialize
+from disttrain.testing.launch import together
+from disttrain.testing.tiny import tiny_cli_args, tiny_config
 from disttrain.train.loss import Objective, cross_entropy
 
-from conftest import disttrain, run_scenario, tiny_cli_args, tiny_config, together
+from conftest import disttrain, run_scenario
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (make test installs it)")
 import hf_models  # noqa: E402  (needs transformers)

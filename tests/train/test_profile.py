@@ -13,9 +13,10 @@ import pytest
 
 from disttrain.config import from_dict
 from disttrain.errors import ConfigError
+from disttrain.testing.tiny import tiny_cli_args
 from disttrain.train.profile import StepTimes, is_comm_op, length, overlap, step_times, subtract, union
 
-from conftest import disttrain, tiny_cli_args
+from conftest import disttrain
 
 pytestmark = [pytest.mark.timeout(300)]
 LINE = re.compile(

@@ -49,13 +49,13 @@ from disttrain.checkpoint.layout import (
     write_synced,
 )
 from disttrain.checkpoint.reader import SafeFileSystemReader, SafeLoadPlanner
-from disttrain.checkpoint.save_process import kill_save_process, stop_save_process
+from disttrain.checkpoint.save_process import stop_save_process
 from disttrain.checkpoint.staging import DeferredStager
 from disttrain.checkpoint.state import rng_state, set_rng_state
 from disttrain.checkpoint.writer import ChecksummingWriter
 from disttrain.config import CheckpointConfig
 from disttrain.errors import CheckpointError
-from disttrain.utils.faults import fault_error, fault_matches, fault_point
+from disttrain.utils import hooks
 from disttrain.utils.gc import paused_gc
 
 log = logging.getLogger("disttrain")
@@ -111,7 +111,7 @@ class CheckpointManager:
         self._t_save = time.time()
         tmp = self.folder / tmp_dir_name(step)  # the writers clear and create it: no barrier here
         writer = self._writer(tmp, step)
-        fault_point("before_shards", step, self.rank)
+        hooks.fire("save_start", step, self.rank)
         if self.cfg.async_mode == "off":
             self._save_now(step, state, tmp, writer)
         else:
@@ -143,7 +143,7 @@ class CheckpointManager:
         except BaseException:
             self._plan_key = _new_plan_key()  # every rank saw the failure: every rank plans afresh
             raise
-        fault_point("after_shards", step, self.rank)
+        hooks.fire("save_written", step, self.rank)
         self._commit(step, tmp)
 
     def _save_in_background(self, step: int, state: dict[str, Any], tmp: Path, writer: ChecksummingWriter) -> None:
@@ -189,8 +189,7 @@ class CheckpointManager:
             self._restart_process = False
             log.warning("checkpoint: starting a new background save process after the failed save")
             stop_save_process()
-        if fault_matches("kill_save_process", step, self.rank):  # tests: the save process dies
-            kill_save_process()
+        hooks.fire("process_save_start", step, self.rank)
 
     def _save_planner(self) -> DefaultSavePlanner:
         """DCP's planner with plan caching: after the first save, a rank whose plan did not change sends an
@@ -236,7 +235,7 @@ class CheckpointManager:
         """Commit a finished background save; a failed one is reported, never committed, and training goes on."""
         try:
             fut.result()
-            fault_point("after_shards", step, self.rank)
+            hooks.fire("save_written", step, self.rank)
             self._commit(step, tmp)
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             self._plan_key = _new_plan_key()  # DCP raised on every rank: every rank plans afresh next time
@@ -267,7 +266,7 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             fsync_dir(self.folder)
-            fault_point("before_marker", step, self.rank)
+            hooks.fire("save_commit", step, self.rank)
             write_synced(final / MARKER, b"ok\n")
             fsync_dir(final)
             log.info(
@@ -331,7 +330,7 @@ class CheckpointManager:
         self.wait()
         error: str | None = None
         try:
-            fault_error("read_error", info.step, self.rank)
+            hooks.fire("load_start", info.step, self.rank)
             # paused GC: DCP's plans are thousands of small objects, no full collection in the middle
             with paused_gc(), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)  # no_dist: meant

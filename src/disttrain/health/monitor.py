@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 from disttrain.config import HealthConfig
 from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error, write_state
-from disttrain.utils.faults import fault_matches
 
 log = logging.getLogger("disttrain")
 
@@ -96,8 +95,6 @@ class HealthMonitor:
         self._state: tuple[int, str, float] = (0, "init", now)  # (step, phase, since): one atomic write
         self._data_s = 0.0
         self._cpu0 = time.thread_time()
-        self._burned = 0.0  # CPU seconds a 'slow' fault added this step (not part of the clean figure)
-        self._clean_cpu = 0.0
         self._win: list[tuple[float, float]] = []
         self._published: dict[int, dict[str, float]] = {}
         self.step_times: collections.deque[float] = collections.deque(maxlen=50)
@@ -125,9 +122,8 @@ class HealthMonitor:
         now = time.perf_counter()
         self.step_times.append(seconds)
         cpu = time.thread_time()
-        self._clean_cpu = cpu - self._cpu0 - self._burned
-        self._win.append((self._data_s, self._clean_cpu + self._burned))
-        self._cpu0, self._burned, self._data_s = cpu, 0.0, 0.0
+        self._win.append((self._data_s, cpu - self._cpu0))
+        self._cpu0, self._data_s = cpu, 0.0
         n = self.cfg.straggler_interval
         if n and step % n == 0 and self._win:
             data = statistics.median(d for d, _ in self._win)
@@ -149,32 +145,6 @@ class HealthMonitor:
             return self.cfg.hang_timeout_s
         med = statistics.median(self.step_times) if self.step_times else 0.0
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * med)
-
-    # ---- fault injection for tests (DISTTRAIN_FAULT, see checkpoint.fault_point) ----
-    def inject_faults(self, step: int) -> None:
-        """``hang:<k>:<r>`` sleeps (until the watchdog ends the job); ``slow:<k>:<r>`` makes rank r 3x slower
-        from step k on (it burns twice its own CPU time per step).
-
-        Called every step, so it costs O(1) whatever the step: only the steps the specs name are tried
-        (trying every k <= step cost 35 ms per step at step 10,000, growing with the step)."""
-        specs = os.environ.get("DISTTRAIN_FAULT")
-        if not specs:
-            return
-        if fault_matches("hang", step, self.rank):
-            log.warning("fault injection: rank %d hangs in step %d", self.rank, step)
-            while True:
-                time.sleep(3600)
-        named = (s.split(":") for s in specs.split(","))
-        slow_from = [int(p[1]) for p in named if len(p) == 3 and p[0] == "slow" and p[1].isdigit()]
-        if any(fault_matches("slow", k, self.rank) for k in slow_from if 1 <= k <= step):
-            t0 = time.thread_time()
-            while time.thread_time() - t0 < 2 * self._clean_cpu:
-                sum(range(1000))
-            self._burned += time.thread_time() - t0
-
-    def nan_fault(self, step: int) -> bool:
-        """``nan:<k>:<r>``: the loss of step k on rank r is NaN (each spec fires once per process)."""
-        return fault_matches("nan", step, self.rank, once=True)
 
     # ---- lifecycle ----
     def start(self) -> None:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from disttrain.launch.network import is_local
 from disttrain.plan.machine import LinkFit, MachineProfile, fit_links, load_machine, save_machine
+from disttrain.utils.host import cpu_name
 
 Status = Literal["OK", "WARN", "FAIL"]
 MIN_TORCH = (2, 6)
@@ -289,7 +290,7 @@ def check_link(measured: Path) -> list[Check]:
     profile = MachineProfile(
         host=socket.gethostname(),
         device=m["device"],
-        device_name=torch.cuda.get_device_name(0) if m["device"] == "cuda" else _cpu_name(),
+        device_name=torch.cuda.get_device_name(0) if m["device"] == "cuda" else cpu_name(),
         cores=os.cpu_count() or 1,
         matmul_tflops=_best_peaks(old.matmul_tflops if old else {}, m.get("matmul_tflops", {})),
         elementwise_rate=_best_peaks(old.elementwise_rate if old else {}, m.get("elementwise_rate", {})),
@@ -328,17 +329,6 @@ def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
     rates = ", ".join(f"{k} {v / 1e9:.2g}" for k, v in profile.elementwise_rate.items())
     parts.append(f"matmul {flops} TFLOP/s ({per})" if flops else "no matmul figure")
     return "; ".join([*parts, f"element-wise {rates} G elements/s"] if rates else parts)
-
-
-def _cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform module says."""
-    import platform
-
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
 
 
 MAX_SKEW_S = 1.0

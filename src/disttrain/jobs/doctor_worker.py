@@ -11,7 +11,6 @@ import datetime
 import functools
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttrain.utils.host import free_port
 from disttrain.utils.process import run_and_exit
 
 
@@ -190,11 +190,7 @@ def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.de
 def _rpc_ping(rank: int, world: int) -> float | None:
     from torch.distributed import rpc
 
-    port = [0]
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port[0] = s.getsockname()[1]
+    port = [free_port("") if rank == 0 else 0]
     dist.broadcast_object_list(port, src=0)
     opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port[0]}", rpc_timeout=30)
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=world, rpc_backend_options=opts)

@@ -70,6 +70,10 @@ def reporter(cfg: PSJobConfig, run_dir: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
+        from disttrain.testing.faults import install
+
+        install()
     run_dir = Path(argv[0])
     cfg = load_toml(run_dir / "config.toml", job=PSJobConfig)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

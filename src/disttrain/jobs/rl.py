@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,18 +26,13 @@ from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
+from disttrain.utils.host import free_port
 
 
 def rl_run_dir(cfg: RLJobConfig) -> Path:
     path = Path(cfg.run.root) / (cfg.run.name or time.strftime("%Y%m%d-%H%M%S") + "-rl")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def my_ranks(cfg: RLJobConfig) -> tuple[range, str, int]:

@@ -23,7 +23,7 @@ from disttrain.rl.config import RLConfig, RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.learner import Learner, mean
 from disttrain.rpc import transport
-from disttrain.utils.faults import fault_matches
+from disttrain.utils import hooks
 from disttrain.utils.process import run_and_exit
 
 STOP_KEY = "rl/stop"
@@ -73,8 +73,8 @@ def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
         lr.release()
         if trained and every and lr.c.updates % every == 0:
             state.save(run_dir, lr)
-        if trained and fault_matches("rl_learner_kill", lr.c.updates, 0):
-            os.kill(os.getpid(), 9)  # tests: the learner dies after update k
+        if trained:
+            hooks.fire("learner_update", lr.c.updates, 0)
         if time.perf_counter() - last_log >= cfg.train.log_interval_s:
             last_log = time.perf_counter()
             rec = record(lr, t0, steps0)
@@ -101,6 +101,10 @@ def wait_for_actors(lr: Learner, cfg: RLConfig, quiet_s: float = 10.0) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
+        from disttrain.testing.faults import install
+
+        install()
     run_dir = Path(argv[0])
     cfg = load_toml(run_dir / "config.toml", job=RLJobConfig)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

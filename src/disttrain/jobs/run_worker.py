@@ -221,6 +221,10 @@ def main(run_dir: str | Path) -> int:
     env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
     setup_logging(run_dir, env.rank)
     try:
+        if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
+            from disttrain.testing.faults import install
+
+            install()
         learn_nodes()
         return train_job(job, env, run_dir)
     except (ConfigError, CheckpointError) as e:

@@ -24,7 +24,7 @@ from disttrain.parallel.compile import apply_compile
 from disttrain.parallel.env import resolve_precision
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.mesh import ParallelDims
-from disttrain.parallel.strategies import Strategy
+from disttrain.parallel.strategies import Strategy, WrapSettings
 
 
 @dataclass
@@ -113,5 +113,5 @@ def parallelize(
     apply_compile(model, blocks, parallel.compile, device.type, checkpointing=parallel.activation_checkpointing)
     if parallel.activation_checkpointing != "none":
         apply_activation_checkpointing(blocks, parallel.activation_checkpointing)
-    wrapped = dims.impl.wrap(model, dims, parallel, precision, device)
+    wrapped = dims.impl.wrap(model, dims, WrapSettings(parallel, precision, device))
     return Parallelized(wrapped, model, dims, device, precision.dtype)

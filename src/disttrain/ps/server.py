@@ -7,9 +7,7 @@ its shards in this module's registry (one server per process).
 from __future__ import annotations
 
 import os
-import signal
 import threading
-import time
 from typing import Any
 
 import torch
@@ -18,7 +16,7 @@ from torch.futures import Future
 from disttrain.errors import ConfigError
 from disttrain.ps.table import ShardTable
 from disttrain.rpc import transport
-from disttrain.utils.faults import fault_matches
+from disttrain.utils import hooks
 
 _TABLES: dict[str, ShardTable] = {}
 
@@ -61,11 +59,7 @@ def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int
         ready.sort(key=lambda p: p[0])
         table = _table(name)
         table.push(torch.cat([p[1] for p in ready]), torch.cat([p[2] for p in ready]))
-        rank = int(os.environ.get("RANK", -1))
-        if fault_matches("ps_server_kill", table.updates, rank):
-            os.kill(os.getpid(), signal.SIGKILL)  # tests: a server dies mid-run (after update k of a table)
-        if fault_matches("ps_server_hang", table.updates, rank):
-            time.sleep(3600)  # tests: a server stops answering (wedged, not dead)
+        hooks.fire("ps_update", table.updates, int(os.environ.get("RANK", -1)))
         for p in ready:
             p[3].set_result(table.updates)
     return fut

@@ -26,7 +26,7 @@ from disttrain.ps.client import TableClient, TableGroup
 from disttrain.ps.config import PSJobConfig
 from disttrain.ps.model import DenseArch
 from disttrain.rpc import transport
-from disttrain.utils.faults import fault_matches
+from disttrain.utils import hooks
 
 
 @dataclass
@@ -57,7 +57,6 @@ class PSTrainer:
         self.rank, self.group, self.servers, self.run_dir = rank, group, servers, run_dir
         self.health = health
         self.start = 0
-        self.slow = fault_matches("ps_slow", 0, rank)
         self.staleness: list[int] = []
         ps, train = cfg.ps, cfg.train
         self.log: ClickLog | CriteoFile = (
@@ -112,8 +111,7 @@ class PSTrainer:
         cfg = self.cfg
         self._phase("data")
         self.staleness.append(self.wait_turn(step))
-        if self.slow:
-            time.sleep(0.05)  # tests: DISTTRAIN_FAULT=ps_slow:0:<rank>
+        hooks.fire("ps_step", step, self.rank)
         b = self.my_batch(step)
         self._phase("forward")  # pulls included
         if self.dense_on_server:

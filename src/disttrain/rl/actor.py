@@ -16,7 +16,7 @@ from disttrain.rl.envs import EnvSpec, make_vec
 from disttrain.rl.nets import choose, make_net
 from disttrain.rl.nstep import NStepFolder
 from disttrain.rpc import transport
-from disttrain.utils.faults import fault_point
+from disttrain.utils import hooks
 
 
 class Actor:
@@ -105,7 +105,7 @@ class Actor:
         while True:
             obs = self.play(obs)
             chunks += 1
-            fault_point("rl_actor_kill", chunks, self.rank)  # tests: this actor dies after chunk k
+            hooks.fire("actor_chunk", chunks, self.rank)
             version, stop = transport.call(self.to, learner.add_experience, self.chunk_item())
             if stop:
                 break

@@ -19,7 +19,7 @@ def _gym() -> Any:
     try:
         import gymnasium
     except ImportError:
-        raise ConfigError("disttrain rl needs gymnasium: pip install 'gymnasium>=1.0'") from None
+        raise ConfigError("disttrain rl needs gymnasium, an optional part: pip install 'disttrain[rl]'") from None
     return gymnasium
 
 

@@ -44,7 +44,7 @@ from disttrain.train import metrics as M
 from disttrain.train.loss import LossFn, Objective, cross_entropy
 from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler
 from disttrain.train.progress import FitResult, Progress, StepFigures, Throughput
-from disttrain.utils.faults import fault_point
+from disttrain.utils import hooks
 from disttrain.utils.gc import GarbageCollection
 
 
@@ -163,7 +163,7 @@ class Trainer:
                     loss = self.loss_fn(out, y)
                     del out  # the logits (B x T x vocab) are not needed in backward: freed before it, not after
                 if i == 0:
-                    loss = self._inject_faults(loss)
+                    loss = hooks.apply("loss", loss, self.step + 1, self.env.rank)
                 scaled = loss / n
                 self.health.phase("backward")
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -175,15 +175,10 @@ class Trainer:
     forward_backward = forward_backward_step
     """The name the Python API has always had."""
 
-    def _inject_faults(self, loss: torch.Tensor) -> torch.Tensor:
-        """Tests: DISTTRAIN_FAULT=hang|slow|nan:<k>:<rank> acts here, in the first micro-step of step k."""
-        self.health.inject_faults(self.step + 1)
-        return loss * float("nan") if self.health.nan_fault(self.step + 1) else loss
-
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step over ``accum_steps`` micro-batches: (mean loss, grad norm, stepped?)."""
         self.health.phase("data")
-        fault_point("step", self.step + 1, self.env.rank)  # tests: DISTTRAIN_FAULT=step:<k>:<rank>
+        hooks.fire("step_start", self.step + 1, self.env.rank)
         micro = self.loader.next_step()
         loss_sum = self.forward_backward_step(micro)
         n = len(micro)

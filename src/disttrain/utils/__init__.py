@@ -1,2 +1,2 @@
-"""Small helpers every layer may use: garbage-collection control, fault injection points, byte formatting,
+"""Small helpers every layer may use: garbage-collection control, neutral hook points, byte formatting,
 ending a worker process. Imports nothing from disttrain but :mod:`disttrain.errors`."""

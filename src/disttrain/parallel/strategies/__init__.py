@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from disttrain.errors import ConfigError
-from disttrain.parallel.strategies.base import Strategy
+from disttrain.parallel.strategies.base import Strategy, WrapSettings
 from disttrain.parallel.strategies.ddp import DDP
 from disttrain.parallel.strategies.fsdp import FSDP
 from disttrain.parallel.strategies.hsdp import HSDP
@@ -96,6 +96,7 @@ __all__ = [
     "STRATEGIES",
     "PlanColumn",
     "Strategy",
+    "WrapSettings",
     "column_for",
     "get",
     "resolve_name",

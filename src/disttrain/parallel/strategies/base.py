@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -25,6 +26,15 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from disttrain.parallel.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class WrapSettings:
+    """What a strategy wraps a model with: the parallel and precision settings, and this rank's device."""
+
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    device: torch.device
 
 
 class Strategy:
@@ -66,20 +76,13 @@ class Strategy:
         return None
 
     # -- the model -----------------------------------------------------------------------------------
-    def wrap(
-        self,
-        model: nn.Module,
-        dims: ParallelDims,
-        parallel: ParallelConfig,
-        precision: PrecisionConfig,
-        device: torch.device,
-    ) -> nn.Module:
-        """``model`` (materialised on ``device`` if it is on the meta device) wrapped for this strategy."""
+    def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
+        """``model`` (materialised on ``how.device`` if it is on the meta device) wrapped for this strategy."""
         from disttrain.parallel.meta_init import is_meta, materialize
 
         if is_meta(model):
-            materialize(model, device)
-        return model.to(device)
+            materialize(model, how.device)
+        return model.to(how.device)
 
     @contextlib.contextmanager
     def sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:

@@ -6,13 +6,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from disttrain.config import ParallelConfig, PrecisionConfig
 from disttrain.parallel.env import init_single_process_group
-from disttrain.parallel.strategies.base import Strategy
+from disttrain.parallel.strategies.base import Strategy, WrapSettings
 
 if TYPE_CHECKING:
     from disttrain.parallel.mesh import ParallelDims
@@ -21,21 +19,14 @@ if TYPE_CHECKING:
 class DDP(Strategy):
     name = "ddp"
 
-    def wrap(
-        self,
-        model: nn.Module,
-        dims: ParallelDims,
-        parallel: ParallelConfig,
-        precision: PrecisionConfig,
-        device: torch.device,
-    ) -> nn.Module:
-        model = super().wrap(model, dims, parallel, precision, device)
+    def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
+        model = super().wrap(model, dims, how)
         if dims.world_size == 1:
-            init_single_process_group(device.type)  # DDP over one process still needs a group
+            init_single_process_group(how.device.type)  # DDP over one process still needs a group
         return DistributedDataParallel(
             model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=parallel.ddp_bucket_mb,
+            device_ids=[how.device.index] if how.device.type == "cuda" else None,
+            bucket_cap_mb=how.parallel.ddp_bucket_mb,
             gradient_as_bucket_view=True,  # grads live in the buckets: one copy fewer (-41 MiB/rank, default GPT)
         )
 

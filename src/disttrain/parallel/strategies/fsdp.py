@@ -11,10 +11,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
-from disttrain.config import ParallelConfig, PrecisionConfig
 from disttrain.errors import ConfigError
 from disttrain.parallel.env import init_single_process_group
-from disttrain.parallel.strategies.base import Strategy
+from disttrain.parallel.strategies.base import Strategy, WrapSettings
 
 if TYPE_CHECKING:
     from disttrain.parallel.mesh import ParallelDims
@@ -44,22 +43,16 @@ class FSDP(Strategy):
             init_single_process_group(device_type)  # FSDP on one device (e.g. to offload to host memory)
         return init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=("dp",))
 
-    def wrap(
-        self,
-        model: nn.Module,
-        dims: ParallelDims,
-        parallel: ParallelConfig,
-        precision: PrecisionConfig,
-        device: torch.device,
-    ) -> nn.Module:
+    def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
         from disttrain.parallel.fsdp import apply_fsdp
         from disttrain.parallel.meta_init import is_meta, materialize
 
+        parallel, device = how.parallel, how.device
         apply_fsdp(
             model,
             dims.mesh(device.type),
-            param_dtype=precision.dtype,
-            reduce_dtype=precision.reduce_dtype,
+            param_dtype=how.precision.dtype,
+            reduce_dtype=how.precision.reduce_dtype,
             shard_modules=parallel.shard_modules,
             reshard_after_forward=parallel.reshard_after_forward,
             blocks_per_unit=parallel.blocks_per_unit,

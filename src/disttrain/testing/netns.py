@@ -1,6 +1,7 @@
-"""Separate hosts on this machine: two network namespaces joined by a veth pair, each with its own address in
-a private test subnet that exists only inside them. Each host runs its own `disttrain` launcher; nothing is
-sent outside the namespaces. Needs root and iproute2 (`ip`); :func:`why_not` says why it cannot run."""
+"""Two hosts on one machine, for the multi-node tests and benchmarks: two network namespaces joined by a veth
+pair, each with its own address in a private test subnet that exists only inside them. Each host runs its own
+`disttrain` launcher; nothing is sent outside the namespaces. Needs root and iproute2 (`ip`); :func:`why_not`
+says why it cannot run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from conftest import BIN, child_env
+from disttrain.testing.launch import DISTTRAIN, child_env
 
 
 def why_not() -> str | None:
@@ -39,7 +40,7 @@ class Host:
 
     def disttrain(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """The real `disttrain` command on this host, in a process group of its own (to kill it whole)."""
-        cmd, env = self.cmd(str(BIN / "disttrain"), *args), {**child_env(), **(env or {})}
+        cmd, env = self.cmd(str(DISTTRAIN), *args), child_env(extra=env)
         pipe = subprocess.PIPE
         return subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True)
 
