@@ -27,8 +27,8 @@ the timed part) over the wall time from then to the last trainer's last step. di
 the ratio, if anything, understates disttrain. AUC: after training, trainer 0 scores ``ClickLog.held_out
 (20000, seed)`` with the server's model (disttrain: its final evaluation on the same samples).
 
-Rows: the tutorial pattern (1 server), ``disttrain ps --trainers 2 --servers 1`` (like for like: the tutorial
-has one server) and ``--servers 2``. Goal: disttrain >= 3x the tutorial's samples/s at 2 trainers.
+Rows: the tutorial pattern (1 server), ``disttrain ps --ps.trainers 2 --ps.servers 1`` (like for like: the tutorial
+has one server) and ``--ps.servers 2``. Goal: disttrain >= 3x the tutorial's samples/s at 2 trainers.
 
     .venv/bin/python -m benchmarks.bench_ps_tutorial [--steps 60] [--tables 100000 50000 10000 1000 500 100]
 """
@@ -258,38 +258,38 @@ def run_tutorial(s: Setup, timeout: float = 900.0) -> dict[str, Any]:
 def run_disttrain(s: Setup, servers: int, tmp: Path) -> dict[str, Any]:
     name = f"s{servers}"
     args = [
-        "--trainers",
+        "--ps.trainers",
         str(s.trainers),
-        "--servers",
+        "--ps.servers",
         str(servers),
-        "--steps",
+        "--train.steps",
         str(s.steps),
-        "--eval-every",
+        "--train.eval-interval",
         "0",
-        "--eval-samples",
+        "--train.eval-samples",
         str(s.eval_samples),
-        "--tables",
+        "--ps.tables",
         *map(str, s.tables),
-        "--dim",
+        "--ps.dim",
         str(s.dim),
-        "--n-dense",
+        "--ps.n-dense",
         str(s.n_dense),
-        "--hidden",
+        "--ps.hidden",
         str(s.hidden),
-        "--batch",
+        "--train.batch",
         str(s.batch),
-        "--lr",
+        "--ps.lr",
         str(s.lr),
-        "--dense-lr",
+        "--ps.dense-lr",
         str(s.dense_lr),
-        "--seed",
+        "--train.seed",
         str(s.seed),
     ]
-    cmd = [str(DISTTRAIN), "ps", *args, "--run-root", str(tmp), "--run-name", name]
+    cmd = [str(DISTTRAIN), "ps", *args, "--run.root", str(tmp), "--run.name", name]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"disttrain ps --servers {servers} failed: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"disttrain ps --ps.servers {servers} failed: {proc.stderr[-2000:]}")
     return json.loads((tmp / name / "summary.json").read_text())
 
 

@@ -4,16 +4,16 @@ Four parts, all in one run, each configuration a fresh ``disttrain rl`` job (lea
 machine's cores, so more actors is not more compute here); its figures come from the run's summary.json:
 
 1. Throughput: env steps/s with 1, 2 and 4 actors (chunk 50, inference on the actors), fixed-length runs
-   (``--max-env-steps N --solve-return 0``). The learner's replay-ratio flow control (8 transitions trained
+   (``--train.max-env-steps N --train.solve-return 0``). The learner's replay-ratio flow control (8 transitions trained
    on per env step) holds the actors back, so this is the rate of the whole job, training included.
-2. ``--chunk 1`` (one RPC per env step, the PyTorch RPC tutorial's pattern) vs 50 vs 200, 3 actors: env
+2. ``--rl.chunk 1`` (one RPC per env step, the PyTorch RPC tutorial's pattern) vs 50 vs 200, 3 actors: env
    steps/s and the ratio to chunk 1. Chunk 1 runs fewer steps (it is slow; steps/s is what is compared).
    Its first 1,000 steps are before learning starts (no updates), a larger share of its shorter run, which
    if anything flatters chunk 1.
-3. ``--inference actor`` vs ``--inference learner`` (SEED RL: one RPC per step to the learner's batched
+3. ``--rl.inference actor`` vs ``--rl.inference learner`` (SEED RL: one RPC per step to the learner's batched
    forward), 3 actors, chunk 50: env steps/s and their ratio.
 4. Wall time to solve CartPole (mean return of the last 100 counted episodes >= 475) with the defaults,
-   ``disttrain rl --seed S`` for seeds 0, 1, 2 (median; goal <= 120 s), against a plain single-process DQN
+   ``disttrain rl --train.seed S`` for seeds 0, 1, 2 (median; goal <= 120 s), against a plain single-process DQN
    loop written here, CleanRL-style (one env; act, step, store, train), with disttrain's maths and defaults:
    ``make_net(4, 2, hidden=128, seed)``, Adam lr 1e-3, gamma 0.99, 3-step returns folded by disttrain's
    ``NStepFolder``, uniform ``ReplayBuffer(100_000)``, ``dqn_step`` (double DQN, smooth L1, grad clip 10,
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from benchmarks import _common as C
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLConfig, RLTrainConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.nets import make_net
 from disttrain.rl.nstep import NStepFolder
@@ -95,7 +95,7 @@ def run_rl(root: Path, name: str, args: list[str], timeout_s: float) -> dict[str
     it failed or hung, ``error`` with its stderr and the ranks' log tails. On a timeout the job's process
     group (started here) is killed."""
     exe = Path(sys.executable).parent / "disttrain"
-    cmd = [str(exe), "rl", *args, "--run-root", str(root), "--run-name", name]
+    cmd = [str(exe), "rl", *args, "--run.root", str(root), "--run.name", name]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -146,17 +146,17 @@ def throughput_runs(root: Path, plan: Plan) -> dict[str, dict[str, Any]]:
     for actors, chunk, inference, steps in jobs:
         key = f"a{actors}-c{chunk}-{inference}"
         args = [
-            "--actors",
+            "--rl.actors",
             str(actors),
-            "--chunk",
+            "--rl.chunk",
             str(chunk),
-            "--inference",
+            "--rl.inference",
             inference,
-            "--max-env-steps",
+            "--train.max-env-steps",
             str(steps),
-            "--solve-return",
+            "--train.solve-return",
             "0",
-            "--seed",
+            "--train.seed",
             "0",
         ]
         runs[key] = run_rl(root, key, args, plan.timeout_s)
@@ -168,7 +168,7 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
     """CleanRL-style DQN on one CartPole-v1 env in this process, disttrain's defaults and maths (see the module
     docstring); timed from the first env step, set-up excluded."""
     torch.set_num_threads(1)
-    d = RLConfig()
+    d, t = RLConfig(), RLTrainConfig()  # the [rl] and [train] defaults
     env = gym.make(d.env_id)
     spec = env_spec(d.env_id)
     obs_dim, n_actions = spec.obs_dim, spec.n_actions
@@ -180,13 +180,13 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     every, ones = round(d.batch / d.replay_ratio), torch.ones(d.batch)
     explore_steps = explore_frac * cap
-    counted: deque[float] = deque(maxlen=d.solve_window)
+    counted: deque[float] = deque(maxlen=t.solve_window)
     obs, _ = env.reset(seed=seed)
     step = episodes = updates = 0
     ep_ret, ep_eps, new_episode, solved = 0.0, 1.0, True, False
     t0 = time.perf_counter()
     while step < cap and not solved:
-        eps = max(d.eval_eps, 1.0 + (d.eval_eps - 1.0) * step / explore_steps)  # CleanRL's linear_schedule
+        eps = max(t.eval_eps, 1.0 + (t.eval_eps - 1.0) * step / explore_steps)  # CleanRL's linear_schedule
         if new_episode:
             ep_eps, new_episode = eps, False
         if rng.random() < eps:
@@ -206,9 +206,9 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
         step, ep_ret = step + 1, ep_ret + float(reward)
         if term or trunc:
             episodes += 1
-            if ep_eps <= d.eval_eps:
+            if ep_eps <= t.eval_eps:
                 counted.append(ep_ret)
-            solved = len(counted) == d.solve_window and statistics.fmean(counted) >= d.solve_return
+            solved = len(counted) == t.solve_window and statistics.fmean(counted) >= t.solve_return
             (obs, _), ep_ret, new_episode = env.reset(), 0.0, True
         else:
             obs = nxt
@@ -238,12 +238,12 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
 def solve_runs(root: Path, plan: Plan) -> dict[str, list[dict[str, Any]]]:
     """Part 4: per seed, disttrain with the defaults and the baseline, alternating which goes first."""
     out: dict[str, list[dict[str, Any]]] = {"disttrain": [], "baseline": []}
-    cap_args = [] if plan.cap == RLConfig().max_env_steps else ["--max-env-steps", str(plan.cap)]
+    cap_args = [] if plan.cap == RLTrainConfig().max_env_steps else ["--train.max-env-steps", str(plan.cap)]
     for i, seed in enumerate(plan.seeds):
         order = ("disttrain", "baseline") if i % 2 == 0 else ("baseline", "disttrain")
         for system in order:
             if system == "disttrain":
-                r = run_rl(root, f"solve-s{seed}", ["--seed", str(seed), *cap_args], plan.timeout_s)
+                r = run_rl(root, f"solve-s{seed}", ["--train.seed", str(seed), *cap_args], plan.timeout_s)
             else:
                 r = baseline_dqn(seed, plan.cap, plan.explore_frac)
                 print(

@@ -15,7 +15,7 @@ DT=.venv/bin/disttrain
 # PART=plan: only the step-time plan and torch.compile on this GPU (issue 18), ~3 minutes.
 if [ "${PART:-all}" = plan ]; then
   PLAN=(--train.micro-batch 32 --train.global-batch 32 --precision.dtype bf16)
-  $DT estimate --nproc 1 "${PLAN[@]}" --explain 2>&1 | tee "$OUT/estimate_plan.txt" | grep -E "step|compute|recommended|peak"
+  $DT estimate --parallel.nproc 1 "${PLAN[@]}" --explain 2>&1 | tee "$OUT/estimate_plan.txt" | grep -E "step|compute|recommended|peak"
   for c in off blocks; do
     $DT run "${PLAN[@]}" --train.steps 40 --train.eval-interval 0 --train.generate-chars 0 \
       --metrics.log-interval 10 --parallel.nproc 1 --parallel.compile $c --run.root "$OUT/runs" \
@@ -68,10 +68,10 @@ print(f"bf16/fp32 tokens/s = {b16['tokens_per_s'] / f32['tokens_per_s']:.2f}x; b
 print(f"allocator peak (bf16 single) = {b16['peak_memory_bytes'][0] / 2**20:.0f} MiB")
 PY
 # The memory plan against the CUDA allocator: predicted vs max_memory_allocated per strategy (world 1).
-$DT estimate --nproc 1 --measure --train.micro-batch 32 --train.global-batch 32 2>&1 | tee "$OUT/estimate_measure.txt" | tail -8
+$DT estimate --parallel.nproc 1 --measure --train.micro-batch 32 --train.global-batch 32 2>&1 | tee "$OUT/estimate_measure.txt" | tail -8
 # Long context: the plan counts SDPA as CUDA's fused kernels run it (q, k, v, out, log-sum-exp saved: O(T) per
 # head, not the T x T probabilities); predicted vs allocator peak at context 2048.
-$DT estimate --nproc 1 --measure --model.context 2048 --train.micro-batch 4 --train.global-batch 4 2>&1 \
+$DT estimate --parallel.nproc 1 --measure --model.context 2048 --train.micro-batch 4 --train.global-batch 4 2>&1 \
   | tee "$OUT/estimate_measure_ctx2048.txt" | tail -8
 # Checkpoint round trip through NCCL + DCP (async thread), then resume: the second run continues from the first one's final checkpoint (step 60).
 $DT run "${COMMON[@]}" --launch.max-restarts 1 --parallel.strategy fsdp --checkpoint.interval 40 \

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.config import JobConfig, apply_overrides
+from disttrain.config import JobConfig, apply_overrides, parse_command
 from disttrain.errors import ConfigError
+from disttrain.ps.config import PSJobConfig
+from disttrain.rl.config import RLJobConfig
 from disttrain.testing.launch import together
 
 from conftest import disttrain
@@ -92,6 +94,79 @@ def test_tyro_errors_become_one_clean_line(args: list[str], expected: str) -> No
     message = str(e.value)
     assert message.startswith(expected), message
     assert "\n" not in message and "----" not in message and "Error parsing" not in message, message
+
+
+# every command with a job of sections: the same suggestion for a misspelt option, an old flat flag, or a command
+# flag (in-process: parse_command is what each command calls first)
+UNKNOWN_OPTIONS = [
+    (PSJobConfig, "disttrain ps", ["--ps.sever", "3"], "unknown option --ps.sever; did you mean --ps.servers?"),
+    (PSJobConfig, "disttrain ps", ["--servers", "3"], "unknown option --servers; did you mean --ps.servers?"),
+    (PSJobConfig, "disttrain ps", ["--run-root", "x"], "unknown option --run-root; did you mean --run.root?"),
+    (PSJobConfig, "disttrain ps", ["--checkpoint-every", "2"], "did you mean --checkpoint.interval?"),
+    (PSJobConfig, "disttrain ps", ["--plna"], "unknown option --plna; did you mean --plan?"),
+    (RLJobConfig, "disttrain rl", ["--rl.actorz", "2"], "unknown option --rl.actorz; did you mean --rl.actors?"),
+    (RLJobConfig, "disttrain rl", ["--max-env-steps", "9"], "did you mean --train.max-env-steps?"),
+    (JobConfig, "disttrain estimate", ["--nproc", "8"], "unknown option --nproc; did you mean --parallel.nproc?"),
+    (JobConfig, "disttrain estimate", ["--jsn"], "unknown option --jsn; did you mean --json?"),
+    (JobConfig, "disttrain run", ["--stepz", "3"], "unknown option --stepz; did you mean --train.steps?"),
+    (JobConfig, "disttrain run", ["--zzz"], "unknown option --zzz; see `disttrain run --help`"),
+]
+
+
+@pytest.mark.parametrize(("job", "prog", "args", "expected"), UNKNOWN_OPTIONS)
+def test_an_unknown_option_names_the_closest_known_one(job: type, prog: str, args: list[str], expected: str) -> None:
+    from disttrain.cli import estimate, ps, run
+
+    flags = {"disttrain ps": ps.FLAGS, "disttrain estimate": estimate.FLAGS, "disttrain run": run.FLAGS}.get(prog, ())
+    with pytest.raises(ConfigError) as e:
+        parse_command(job, args, prog, "", flags)
+    assert expected in str(e.value), str(e.value)
+
+
+def test_ps_rl_and_estimate_mistakes_are_one_line_before_any_worker(tmp_path: Path) -> None:
+    sever, actors, nproc, checkpoints = together(
+        lambda: disttrain("ps", "--ps.sever", "3", cwd=tmp_path),
+        lambda: disttrain("rl", "--rl.actorz", "2", cwd=tmp_path),
+        lambda: disttrain("estimate", "--nproc", "8", cwd=tmp_path),
+        lambda: disttrain("ps", "--ps.mode", "asp", "--checkpoint.interval", "2", cwd=tmp_path),
+    )
+    assert_one_line_error(sever, "unknown option --ps.sever; did you mean --ps.servers?")
+    assert_one_line_error(actors, "unknown option --rl.actorz; did you mean --rl.actors?")
+    assert_one_line_error(nproc, "unknown option --nproc; did you mean --parallel.nproc?")
+    assert_one_line_error(checkpoints, "checkpoint.interval", "--ps.mode bsp, not 'asp'")
+    assert not (tmp_path / "runs").exists(), "no run folder may be made for a rejected config"
+
+
+@pytest.mark.parametrize("command", ["run", "estimate", "ps", "rl"])
+def test_every_command_has_the_same_generated_help(tmp_path: Path, command: str) -> None:
+    proc = disttrain(command, "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith(f"usage: disttrain {command} [-h] [OPTIONS]"), out[:200]
+    assert "--config FILE" in out and "--print-config" in out and "command options" in out
+    sections = {"run": "train", "estimate": "parallel", "ps": "ps", "rl": "rl"}[command]
+    assert f"─ {sections} options ─" in out and "─ launch options ─" in out and "─ run options ─" in out
+    assert "--run.name" in out and "--launch.nnodes" in out
+
+
+@pytest.mark.parametrize(
+    ("command", "toml", "key"),
+    [
+        ("ps", "[ps]\nservers = 3\ntables = [300, 30]\n[train]\nsteps = 5\n", "servers = 3\n"),
+        ("rl", '[rl]\nenv_id = "Acrobot-v1"\n[train]\nsolve_return = -100\n', 'env_id = "Acrobot-v1"\n'),
+        ("estimate", "[parallel]\nnproc = 8\n", "nproc = 8\n"),
+    ],
+)
+def test_config_toml_and_overrides_for_every_command(tmp_path: Path, command: str, toml: str, key: str) -> None:
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(toml)
+    proc = disttrain(command, "--config", str(cfg), "--launch.max-restarts", "4", "--print-config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert key in proc.stdout and "max_restarts = 4\n" in proc.stdout, proc.stdout
+    cfg.write_text(toml.replace("[train]", "[trian]"))
+    bad = disttrain(command, "--config", str(cfg), cwd=tmp_path) if "[train]" in toml else None
+    if bad is not None:
+        assert_one_line_error(bad, "unknown section [trian]", "'train'")
 
 
 def test_unknown_toml_key_names_the_closest(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ SPEC.json is a list of ``{"key", "argv", "mode"}``; OUT.json maps each key to ``
   strategy: ~40 s; ``tests/plan/test_memory_measure.py`` runs it): the arguments and the plan run for real.
 - ``parse``: the command's own argument parser, for commands that would start workers, wait for other nodes or
   serve forever (``doctor``, ``report``, ``launch``): it stops right after a successful parse.
-- ``ps`` / ``rl``: the command's config parsed from the arguments (``rl``: and its environment looked up).
+- ``ps`` / ``rl``: the command's job parsed from the arguments as the command parses it (``--config``, the
+  ``--section.key`` options, its own flags; ``rl``: and its environment looked up).
 
 Before the commands, it makes the fixtures that need torch: ``gpt2-folder`` (a tiny Hugging Face GPT-2 written
 with ``save_pretrained``, whose config ``mymod.py`` reads) and ``runs/r``, a seed checkpoint of ``mymod:build``
@@ -68,17 +69,21 @@ def run_command(argv: list[str], mode: str) -> int:
     from disttrain.cli import main
 
     if mode == "ps":
-        from disttrain.config.overrides import parse_dataclass
-        from disttrain.ps.config import PSConfig
+        from disttrain.cli import ps
+        from disttrain.config import parse_command
+        from disttrain.ps.config import PSJobConfig
 
-        parse_dataclass(PSConfig, argv[1:], prog="disttrain ps")
+        parse_command(PSJobConfig, argv[1:], "disttrain ps", ps.SUMMARY, ps.FLAGS)
         return 0
     if mode == "rl":
-        from disttrain.config.overrides import parse_dataclass
-        from disttrain.rl.config import RLConfig
+        from disttrain.cli import rl
+        from disttrain.config import parse_command
+        from disttrain.rl.config import RLJobConfig
         from disttrain.rl.envs import env_spec
 
-        env_spec(parse_dataclass(RLConfig, argv[1:], prog="disttrain rl").env_id)
+        line = parse_command(RLJobConfig, argv[1:], "disttrain rl", rl.SUMMARY)
+        if line is not None:
+            env_spec(line.cfg.rl.env_id)
         return 0
     context = {"parse": parse_only, "measure": measuring_replaced}.get(mode, contextlib.nullcontext)
     with context():

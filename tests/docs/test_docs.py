@@ -103,12 +103,13 @@ def commands_in(page: Path) -> list[DocCommand]:
 COMMANDS = [c for page in PAGES for c in commands_in(page)]
 MISTAKES = [  # (mode, argv) that must fail: a check that passed these would check nothing
     ("real", ["run", "--train.stepz", "3", "--print-config"]),
-    ("measure", ["estimate", "--measure", "--nproc", "two"]),
+    ("measure", ["estimate", "--measure", "--parallel.nproc", "two"]),
     ("real", ["ckpt", "verify", "runs/nothing"]),
     ("parse", ["doctor", "--quik"]),
     ("parse", ["launch", "--nnodes"]),
-    ("ps", ["ps", "--servrs", "2"]),
-    ("rl", ["rl", "--env-id", "Nope-v0"]),
+    ("ps", ["ps", "--ps.servrs", "2"]),
+    ("ps", ["ps", "--servers", "2"]),  # the flat flags before the sections
+    ("rl", ["rl", "--rl.env-id", "Nope-v0"]),
 ]
 
 
@@ -296,13 +297,16 @@ def test_every_link_between_pages_resolves() -> None:
 
 
 def test_every_option_the_docs_name_exists() -> None:
-    """``--section.key`` anywhere in the pages is a known key; on the ps and rl pages every ``--option`` is one of
-    the command's (or a ``--launch.*`` / ``--health.*`` key)."""
-    from disttrain.config import known_keys, section_types
-    from disttrain.ps.config import PSConfig
-    from disttrain.rl.config import RLConfig
+    """``--section.key`` anywhere in the pages is a key of one of the jobs (``run``'s, ``ps``'s, ``rl``'s); on the
+    ps and rl pages every other ``--option`` is one of the command's own flags."""
+    from disttrain.cli import ps
+    from disttrain.config import COMMON_FLAGS, JobConfig, known_keys, section_types
+    from disttrain.ps.config import PSJobConfig
+    from disttrain.rl.config import RLJobConfig
 
-    keys, sections = set(known_keys()), set(section_types())
+    jobs = (JobConfig, PSJobConfig, RLJobConfig)
+    keys = {k for job in jobs for k in known_keys(job)}
+    sections = {s for job in jobs for s in section_types(job)}
     unknown = []
     for page in PAGES:
         outputs = [body for kind, _, body in code_blocks(page.read_text()) if not kind]  # error lines shown
@@ -311,10 +315,10 @@ def test_every_option_the_docs_name_exists() -> None:
             name = key.replace("-", "_")
             if section in sections and f"{section}.{name}" not in keys and f"{section}.{name[3:]}" not in keys:
                 unknown.append(f"{page.name}: --{section}.{key}")
-    for page, cls in (("parameter-server.md", PSConfig), ("reinforcement-learning.md", RLConfig)):
-        fields = {f.name for f in dataclasses.fields(cls)}
+    for page, flags in (("parameter-server.md", ps.FLAGS), ("reinforcement-learning.md", ())):
+        own = {f.name for f in (*COMMON_FLAGS, *flags)} | {"--help"}
         for flag in re.findall(r"(?<![\w.-])--([a-z][a-z-]*)(?![\w.])", (ROOT / "docs" / page).read_text()):
-            if flag.replace("-", "_") not in fields | {"help"}:
+            if f"--{flag}" not in own:
                 unknown.append(f"{page}: --{flag}")
     assert not unknown, "options the docs name that do not exist:\n" + "\n".join(unknown)
 

@@ -179,7 +179,8 @@ def test_hsdp_degrees() -> None:
 
 
 def test_estimate_cli_json_and_reason() -> None:
-    p = disttrain("estimate", "--nproc", "8", "--nnodes", "2", "--device-memory", "80GiB", "--json", timeout=120)
+    nodes_8x2 = ("--parallel.nproc", "8", "--launch.nnodes", "2", "--parallel.device-memory", "80GiB")
+    p = disttrain("estimate", *nodes_8x2, "--json", timeout=120)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert set(out["strategies"]) == {"ddp", "fsdp", "fsdp_no_reshard", "hsdp", "fsdp_offload"}
@@ -188,9 +189,9 @@ def test_estimate_cli_json_and_reason() -> None:
     assert out["recommendation"]["strategy"] == "hsdp", out["recommendation"]
     assert out["step_time"]["hsdp"]["sent_inter"] < out["step_time"]["ddp"]["sent_inter"]
     bf16 = ("--precision.dtype", "bf16")  # the same plan on every machine (auto follows the hardware)
-    text = disttrain("estimate", "--device-memory", "400MiB", *bf16, timeout=120)
+    text = disttrain("estimate", "--parallel.device-memory", "400MiB", *bf16, timeout=120)
     assert text.returncode == 0 and "recommended: fsdp" in text.stdout and "DDP needs" in text.stdout
-    nodes = disttrain("estimate", "--device-memory", "420MiB", "--nnodes", "2", *bf16, timeout=120)
+    nodes = disttrain("estimate", "--parallel.device-memory", "420MiB", "--launch.nnodes", "2", *bf16, timeout=120)
     assert nodes.returncode == 0 and "recommended: hsdp" in nodes.stdout, nodes.stdout
     assert "HSDP keeps all-gathers inside a node" in nodes.stdout
 
@@ -198,7 +199,7 @@ def test_estimate_cli_json_and_reason() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["estimate", "--device-memory", "lots"], "--device-memory: cannot read 'lots' as a size"),
+        (["estimate", "--parallel.device-memory", "lots"], "parallel.device_memory: cannot read 'lots' as a size"),
         (["run", "--parallel.strategy", "hsdp", "--parallel.replicate", "3"], "must divide the world size (2)"),
         (["run", "--parallel.device-memory", "80 bytes please"], "parallel.device_memory: cannot read"),
         (["run", "--parallel.activation-checkpointing", "sometimes"], "none, full, or K >= 1"),
@@ -249,7 +250,16 @@ def test_flash_attention_activations_grow_linearly_with_the_context() -> None:
 
 def test_estimate_for_cuda_accounts_flash_attention() -> None:
     big = ("--model.context", "1024", "--train.micro-batch", "1", "--train.global-batch", "8", "--json")
-    common = ("estimate", "--nproc", "8", "--device-memory", "80GiB", "--precision.dtype", "bf16", *big)
+    common = (
+        "estimate",
+        "--parallel.nproc",
+        "8",
+        "--parallel.device-memory",
+        "80GiB",
+        "--precision.dtype",
+        "bf16",
+        *big,
+    )
     cuda = json.loads(disttrain(*common, "--parallel.device", "cuda", timeout=120).stdout)
     cpu = json.loads(disttrain(*common, "--parallel.device", "cpu", timeout=120).stdout)
     assert (cuda["attention"], cpu["attention"]) == ("flash", "math")
@@ -257,4 +267,4 @@ def test_estimate_for_cuda_accounts_flash_attention() -> None:
     assert act["cuda"] < act["cpu"] / 2, act
     if not torch.cuda.is_available():  # planning for GPUs from a machine without one needs their memory size
         p = disttrain("estimate", "--parallel.device", "cuda", timeout=120)
-        assert p.returncode == 2 and "e.g. --device-memory 80GiB" in p.stderr, p.stderr
+        assert p.returncode == 2 and "e.g. --parallel.device-memory 80GiB" in p.stderr, p.stderr

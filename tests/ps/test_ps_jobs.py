@@ -12,28 +12,30 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from disttrain.config import load_toml, to_dict
 from disttrain.ps.clicks import ClickLog, write_criteo
+from disttrain.ps.config import PSJobConfig
 from disttrain.testing.launch import DISTTRAIN, together
 from disttrain.testing.ports import free_port
 
 from conftest import child_env, disttrain
 
 SMALL = [
-    "--tables",
+    "--ps.tables",
     "1000",
     "500",
     "50",
-    "--dim",
+    "--ps.dim",
     "8",
-    "--hidden",
+    "--ps.hidden",
     "16",
-    "--steps",
+    "--train.steps",
     "8",
-    "--eval-every",
+    "--train.eval-interval",
     "0",
-    "--eval-samples",
+    "--train.eval-samples",
     "2000",
-    "--dense-lr",
+    "--ps.dense-lr",
     "0.01",
 ]
 
@@ -41,34 +43,44 @@ SMALL = [
 def ps_job(
     tmp: Path, name: str, *args: str, env: dict[str, str] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    proc = disttrain("ps", *SMALL, "--run-root", str(tmp), "--run-name", name, *args, timeout=200, env=env)
+    proc = disttrain("ps", *SMALL, "--run.root", str(tmp), "--run.name", name, *args, timeout=200, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run = tmp / name
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return records, json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    # the resolved job in the run folder is the one the workers ran
+    written = load_toml(run / "config.toml", job=PSJobConfig)
+    assert json.loads(json.dumps(to_dict(written))) == summary["config"] and written.run.name == name
+    return records, summary
 
 
 # BSP over 2 trainers x 2 servers, 12 steps, server checkpoints every 4: the reference of the BSP equalities and
 # the clean run the killed runs must reproduce (one launch for both tests)
 TWO_BY_TWO = [
-    "--trainers",
+    "--ps.trainers",
     "2",
-    "--servers",
+    "--ps.servers",
     "2",
-    "--batch",
+    "--train.batch",
     "64",
-    "--mode",
+    "--ps.mode",
     "bsp",
-    "--steps",
+    "--train.steps",
     "12",
-    "--checkpoint-every",
+    "--checkpoint.interval",
     "4",
 ]
 
 
 @pytest.fixture(scope="module")
 def bsp_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    return ps_job(tmp_path_factory.mktemp("ps-bsp"), "bsp", *TWO_BY_TWO)
+    """TWO_BY_TWO, from a TOML file (--config) but for the steps, an override on top of it and of SMALL."""
+    tmp = tmp_path_factory.mktemp("ps-bsp")
+    job = tmp / "job.toml"
+    job.write_text('[ps]\ntrainers = 2\nservers = 2\nmode = "bsp"\n[train]\nbatch = 64\n[checkpoint]\ninterval = 4\n')
+    records, summary = ps_job(tmp, "bsp", "--config", str(job), "--train.steps", "12")
+    assert (summary["config"]["train"]["steps"], summary["config"]["checkpoint"]["interval"]) == (12, 4)
+    return records, summary
 
 
 @pytest.mark.slow
@@ -79,9 +91,22 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
     bsp, summary = bsp_2x2
     assert [r["step"] for r in bsp] == list(range(1, 13))
     (one, ref), (on_server, _) = together(
-        lambda: ps_job(tmp_path, "one", "--trainers", "1", "--servers", "1", "--batch", "128", "--steps", "12"),
+        lambda: ps_job(
+            tmp_path, "one", "--ps.trainers", "1", "--ps.servers", "1", "--train.batch", "128", "--train.steps", "12"
+        ),
         # the dense part on server 0 instead of DDP: a step's two gradients averaged into one Adam step
-        lambda: ps_job(tmp_path, "server", "--trainers", "2", "--batch", "64", "--steps", "12", "--dense", "server"),
+        lambda: ps_job(
+            tmp_path,
+            "server",
+            "--ps.trainers",
+            "2",
+            "--train.batch",
+            "64",
+            "--train.steps",
+            "12",
+            "--ps.dense",
+            "server",
+        ),
     )
     losses = torch.tensor([r["loss"] for r in bsp], dtype=torch.float64)
     assert_close(losses, torch.tensor([r["loss"] for r in one], dtype=torch.float64), rtol=1e-5, atol=1e-6)
@@ -92,25 +117,25 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
     nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]
     two = [
         *SMALL,
-        "--trainers",
+        "--ps.trainers",
         "2",
-        "--servers",
+        "--ps.servers",
         "2",
-        "--batch",
+        "--train.batch",
         "64",
-        "--steps",
+        "--train.steps",
         "12",
-        "--run-root",
+        "--run.root",
         str(tmp_path / "nodes"),
     ]
     other = subprocess.Popen(
-        [str(DISTTRAIN), "ps", *two, "--run-name", "n", *nodes, "1"],
+        [str(DISTTRAIN), "ps", *two, "--run.name", "n", *nodes, "1"],
         env=child_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    proc = disttrain("ps", *two, "--run-name", "n", *nodes, "0", timeout=200)
+    proc = disttrain("ps", *two, "--run.name", "n", *nodes, "0", timeout=200)
     _, err = other.communicate(timeout=60)
     assert proc.returncode == 0 and other.returncode == 0, proc.stderr[-2000:] + err[-2000:]
     metrics = [json.loads(x) for x in (tmp_path / "nodes" / "n" / "metrics.jsonl").read_text().splitlines()]
@@ -122,24 +147,24 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
 @pytest.mark.timeout(600)
 def test_ssp_keeps_its_bound_with_a_slow_trainer_and_asp_never_waits(tmp_path: Path) -> None:
     slow = {"DISTTRAIN_FAULT": "ps_slow:0:1"}  # trainer 1 sleeps 50 ms per step
-    two = ["--trainers", "2", "--servers", "2", "--batch", "64", "--steps", "16"]
-    ssp, summary = ps_job(tmp_path, "ssp", *two, "--mode", "ssp", "--staleness", "1", env=slow)
+    two = ["--ps.trainers", "2", "--ps.servers", "2", "--train.batch", "64", "--train.steps", "16"]
+    ssp, summary = ps_job(tmp_path, "ssp", *two, "--ps.mode", "ssp", "--ps.staleness", "1", env=slow)
     assert summary["max_staleness"] == 1, [r["staleness"] for r in ssp]  # ran ahead, never past the bound
     assert all(0 <= r["staleness"] <= 1 for r in ssp)
-    asp, summary = ps_job(tmp_path, "asp", *two, "--mode", "asp", env=slow)
+    asp, summary = ps_job(tmp_path, "asp", *two, "--ps.mode", "asp", env=slow)
     assert summary["max_staleness"] > 1, [r["staleness"] for r in asp]  # nobody waited for the slow one
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in asp) and asp[-1]["loss"] < asp[0]["loss"] + 0.05
 
 
 def test_a_bad_ps_option_is_one_line(tmp_path: Path) -> None:
     servers, dense, nodes = together(
-        lambda: disttrain("ps", "--servers", "0", "--run-root", str(tmp_path), timeout=60),
-        lambda: disttrain("ps", "--dense", "ddp", "--mode", "asp", "--run-root", str(tmp_path), timeout=60),
-        lambda: disttrain("ps", "--launch.nnodes", "3", "--launch.rdzv-endpoint", "h:1", "--run-root", str(tmp_path)),
+        lambda: disttrain("ps", "--ps.servers", "0", "--run.root", str(tmp_path), timeout=60),
+        lambda: disttrain("ps", "--ps.dense", "ddp", "--ps.mode", "asp", "--run.root", str(tmp_path), timeout=60),
+        lambda: disttrain("ps", "--launch.nnodes", "3", "--launch.rdzv-endpoint", "h:1", "--run.root", str(tmp_path)),
     )
     assert servers.returncode == 2 and "ps.servers must be >= 1, got 0" in servers.stderr, servers.stderr
     assert "Traceback" not in servers.stderr
-    assert dense.returncode == 2 and "use --dense server (or auto) with --mode asp" in dense.stderr, dense.stderr
+    assert dense.returncode == 2 and "use --ps.dense server (or auto) with --ps.mode asp" in dense.stderr, dense.stderr
     assert nodes.returncode == 2 and "4 processes (2 trainers + 2 servers)" in nodes.stderr, nodes.stderr
 
 
@@ -149,33 +174,33 @@ def test_a_criteo_format_file_trains(tmp_path: Path) -> None:
     data = tmp_path / "day_0.tsv"
     write_criteo(data, ClickLog([100] * 26, n_dense=13, seed=2), 600)
     args = [
-        "--data-path",
+        "--ps.data-path",
         str(data),
-        "--tables",
+        "--ps.tables",
         "100",
-        "--trainers",
+        "--ps.trainers",
         "1",
-        "--servers",
+        "--ps.servers",
         "2",
-        "--steps",
+        "--train.steps",
         "4",
-        "--batch",
+        "--train.batch",
         "64",
-        "--eval-samples",
+        "--train.eval-samples",
         "200",
-        "--run-root",
+        "--run.root",
         str(tmp_path),
-        "--run-name",
+        "--run.name",
         "criteo",
     ]
     # server0 (rank 1) dies applying step 3: the restarted job resumes after step 2 and reads the file on
     # from there, so its last steps equal the uninterrupted run's
     kill = {"DISTTRAIN_FAULT": "ps_server_kill:3:1"}
-    more = ["--checkpoint-every", "2", "--launch.max-restarts", "1"]
+    more = ["--checkpoint.interval", "2", "--launch.max-restarts", "1"]
     proc, killed_proc, bad = together(
         lambda: disttrain("ps", *args, timeout=200),
         lambda: disttrain("ps", *args[:-1], "criteo-killed", *more, timeout=200, env=kill),
-        lambda: disttrain("ps", *args[:-2], "--run-name", "bad", "--tables", "100", "200", timeout=60),
+        lambda: disttrain("ps", *args[:-2], "--run.name", "bad", "--ps.tables", "100", "200", timeout=60),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads((tmp_path / "criteo" / "summary.json").read_text())["final"]
@@ -200,7 +225,7 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(
     kill = {"DISTTRAIN_FAULT": "ps_server_kill:7:2"}  # server0 (rank 2) dies applying step 7
     # Without restarts ("down"), a server that stays down ends the job with one line naming it; running the
     # same run name again resumes from the server checkpoint and ends as the clean run did.
-    args = [*SMALL, *two, "--run-root", str(tmp_path), "--run-name", "down"]
+    args = [*SMALL, *two, "--run.root", str(tmp_path), "--run.name", "down"]
     (killed, _), proc = together(
         lambda: ps_job(tmp_path, "killed", *two, "--launch.max-restarts", "1", env=kill),
         lambda: disttrain("ps", *args, timeout=200, env=kill),
@@ -218,7 +243,7 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint_with_no_row_lost(
     # a trainer says it ("server0 (rank 2) is down or not answering"), or the launcher, if torchrun stopped
     # the trainers first ("server0 (rank 2) failed with exit code -9")
     assert "server0 (rank 2)" in proc.stderr, proc.stderr[-3000:]
-    assert "run again with --run-name down to resume" in proc.stderr, proc.stderr[-3000:]
+    assert "run again with --run.name down to resume" in proc.stderr, proc.stderr[-3000:]
     again, _ = ps_job(tmp_path, "down", *two)
     assert_close(torch.tensor([r["loss"] for r in again[-8:]]), torch.tensor([r["loss"] for r in clean[4:]]))
 
@@ -229,15 +254,15 @@ def test_the_default_job_learns_the_click_model(tmp_path: Path) -> None:
     """The default tables and 2 x 2 layout, seeded, 60 of the default 400 steps: AUC >= 0.75 already."""
     proc = disttrain(
         "ps",
-        "--steps",
+        "--train.steps",
         "60",
-        "--eval-every",
+        "--train.eval-interval",
         "0",
-        "--eval-samples",
+        "--train.eval-samples",
         "4000",
-        "--run-root",
+        "--run.root",
         str(tmp_path),
-        "--run-name",
+        "--run.name",
         "default",
         timeout=240,
     )
@@ -253,8 +278,8 @@ def test_a_wedged_server_is_caught_by_the_trainers_hang_watchdog(tmp_path: Path)
     """server1 (rank 3) stops answering in step 3's push: the trainers' heartbeats stop moving in phase
     'optimizer' (pushes), the watchdog names them, every trainer dumps its stacks and the job ends."""
     hang = {"DISTTRAIN_FAULT": "ps_server_hang:3:3"}
-    fast = ["--health.hang-timeout-s", "4", "--health.heartbeat-s", "0.5", "--run-root", str(tmp_path)]
-    proc = disttrain("ps", *SMALL, *fast, "--run-name", "hang", env=hang, timeout=200)
+    fast = ["--health.hang-timeout-s", "4", "--health.heartbeat-s", "0.5", "--run.root", str(tmp_path)]
+    proc = disttrain("ps", *SMALL, *fast, "--run.name", "hang", env=hang, timeout=200)
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert "hang: rank 0 made no progress for" in proc.stderr and "in phase 'optimizer' of step 3" in proc.stderr
     stacks = tmp_path / "hang" / "health" / "stacks"

@@ -125,13 +125,28 @@ def test_a_resumed_criteo_stream_goes_on_where_an_uninterrupted_one_would(tmp_pa
 
 
 def test_every_disttrain_ps_command_in_its_guide_parses() -> None:
-    from disttrain.config.overrides import parse_dataclass
-    from disttrain.ps.config import PSConfig
+    from disttrain.cli.ps import FLAGS
+    from disttrain.config import parse_command
+    from disttrain.ps.config import PSJobConfig
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "parameter-server.md").read_text()
     bash = "\n".join(re.findall(r"```bash\n(.*?)```", guide, flags=re.S))
     commands = [line.split("#")[0].split()[2:] for line in bash.splitlines() if line.startswith("disttrain ps ")]
     assert len(commands) >= 5
     for argv in commands:
-        cfg = parse_dataclass(PSConfig, argv, prog="disttrain ps")
-        assert cfg.servers >= 1, argv
+        line = parse_command(PSJobConfig, argv, "disttrain ps", "", FLAGS)
+        assert line is not None and line.cfg.ps.servers >= 1, argv
+
+
+def test_a_ps_job_round_trips_through_its_config_toml(tmp_path: Path) -> None:
+    """What the parent writes to the run folder is what the workers read back, every section."""
+    from disttrain.config import load_toml, parse_command, to_toml
+    from disttrain.ps.config import PSJobConfig
+
+    argv = ["--ps.tables", "100", "50", "--ps.mode", "ssp", "--train.steps", "7", "--health.heartbeat-s", "0.5"]
+    line = parse_command(PSJobConfig, [*argv, "--run.name", "x", "--launch.max-restarts", "2"], "disttrain ps", "")
+    assert line is not None
+    (tmp_path / "config.toml").write_text(to_toml(line.cfg))
+    back = load_toml(tmp_path / "config.toml", job=PSJobConfig)
+    assert back == line.cfg and back.ps.tables == (100, 50) and back.train.steps == 7
+    assert back.launch.max_restarts == 2 and back.health.heartbeat_s == 0.5 and back.run.name == "x"

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from disttrain.config import load_toml, to_dict
+from disttrain.rl.config import RLJobConfig
 from disttrain.testing.launch import DISTTRAIN, together
 from disttrain.testing.ports import free_port
 
@@ -22,10 +24,14 @@ RANDOM_RETURN = 22  # CartPole-v1 under a uniformly random policy
 
 def rl_job(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None, ok: bool = True) -> Any:
     proc = disttrain(
-        "rl", "--run-root", str(tmp), "--run-name", name, "--log-every-s", "2", *args, timeout=240, env=env
+        "rl", "--run.root", str(tmp), "--run.name", name, "--train.log-interval-s", "2", *args, timeout=240, env=env
     )
     if ok:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        # the resolved job in the run folder is the one the learner ran
+        written = load_toml(tmp / name / "config.toml", job=RLJobConfig)
+        summary = json.loads((tmp / name / "summary.json").read_text())
+        assert json.loads(json.dumps(to_dict(written))) == summary["config"] and written.run.name == name
     return proc
 
 
@@ -37,7 +43,7 @@ def events(run: Path) -> list[dict[str, Any]]:
 @pytest.mark.timeout(300)
 def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path: Path) -> None:
     kill = {"DISTTRAIN_FAULT": "rl_actor_kill:20:1"}  # actor 0 (rank 1) dies after its 20th chunk
-    args = ["--actors", "2", "--spare-actors", "1", "--max-env-steps", "25000", "--seed", "0"]
+    args = ["--rl.actors", "2", "--rl.spare-actors", "1", "--train.max-env-steps", "25000", "--train.seed", "0"]
     proc = rl_job(tmp_path, "dqn", *args, env=kill)
     run = tmp_path / "dqn"
     summary = json.loads((run / "summary.json").read_text())
@@ -61,8 +67,9 @@ def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path
 def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) -> None:
     """Also: two actors killed with one spare: the first is replaced, then the learner goes on with one."""
     kill = {"DISTTRAIN_FAULT": "rl_actor_kill:10:1,rl_actor_kill:14:2"}
-    args = ["--algo", "reinforce", "--inference", "learner", "--actors", "2", "--spare-actors", "1"]
-    proc = rl_job(tmp_path, "pg", *args, "--max-env-steps", "20000", env=kill)
+    job = tmp_path / "pg.toml"  # the job from a TOML file (--config), the step cap an override on top
+    job.write_text('[rl]\nalgo = "reinforce"\ninference = "learner"\nactors = 2\nspare_actors = 1\n')
+    proc = rl_job(tmp_path, "pg", "--config", str(job), "--train.max-env-steps", "20000", env=kill)
     lines = [x for x in proc.stderr.splitlines() if x.startswith("disttrain rl: actor")]
     assert len(lines) == 2 and {x.split("(rank ")[1][0] for x in lines} == {"1", "2"}, lines
     first, second = lines  # whichever died first got the spare
@@ -70,28 +77,29 @@ def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) ->
     assert "exited with code -9; the learner goes on with the others" in second, lines
     summary = json.loads((tmp_path / "pg" / "summary.json").read_text())
     assert summary["return"] > 2 * RANDOM_RETURN and summary["updates"] >= 10, summary
+    assert summary["config"]["rl"]["algo"] == "reinforce" and summary["config"]["train"]["max_env_steps"] == 20000
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path: Path) -> None:
     args = [
-        "--actors",
+        "--rl.actors",
         "2",
-        "--max-env-steps",
+        "--train.max-env-steps",
         "8000",
-        "--checkpoint-every",
+        "--checkpoint.interval",
         "100",
-        "--learning-starts",
+        "--rl.learning-starts",
         "500",
-        "--spare-actors",
+        "--rl.spare-actors",
         "1",
     ]  # (an idle spare leaves when the learner stops)
     kill = {"DISTTRAIN_FAULT": "rl_learner_kill:250:0"}
     proc = rl_job(tmp_path, "lrn", *args, env=kill, ok=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = "disttrain rl: the learner (rank 0) exited with code -9, so the job ends; the newest learner checkpoint "
-    assert line + "is step-00000200: run again with --run-name lrn to resume" in proc.stderr, proc.stderr[-3000:]
+    assert line + "is step-00000200: run again with --run.name lrn to resume" in proc.stderr, proc.stderr[-3000:]
     proc = rl_job(tmp_path, "lrn", *args)
     assert "resumed from" in proc.stdout and "(200 updates," in proc.stdout, proc.stdout[-2000:]
     resumed = [e for e in events(tmp_path / "lrn") if e["event"] == "rl_resume"]
@@ -101,12 +109,12 @@ def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path:
 
 def test_bad_rl_options_are_one_line(tmp_path: Path) -> None:
     cases = [
-        (["--env-id", "Nope-v0"], "rl.env_id 'Nope-v0': Environment `Nope` doesn't exist"),
-        (["--env-id", "Pendulum-v1"], "needs a discrete action space"),
-        (["--actors", "0"], "rl.actors must be >= 1, got 0"),
+        (["--rl.env-id", "Nope-v0"], "rl.env_id 'Nope-v0': Environment `Nope` doesn't exist"),
+        (["--rl.env-id", "Pendulum-v1"], "needs a discrete action space"),
+        (["--rl.actors", "0"], "rl.actors must be >= 1, got 0"),
     ]
     procs = together(
-        *(functools.partial(disttrain, "rl", *args, "--run-root", str(tmp_path), timeout=60) for args, _ in cases)
+        *(functools.partial(disttrain, "rl", *args, "--run.root", str(tmp_path), timeout=60) for args, _ in cases)
     )
     for (_, message), proc in zip(cases, procs, strict=True):
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -119,11 +127,11 @@ def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
     port = free_port()
     args = [
         "rl",
-        "--max-env-steps",
+        "--train.max-env-steps",
         "8000",
-        "--run-root",
+        "--run.root",
         str(tmp_path),
-        "--run-name",
+        "--run.name",
         "two",
         "--launch.nnodes",
         "2",

@@ -14,7 +14,7 @@ import torch
 
 from disttrain.errors import ConfigError
 from disttrain.rl import state
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLConfig, RLJobConfig, RLTrainConfig
 from disttrain.rl.envs import EnvSpec, env_spec
 from disttrain.rl.learner import Learner
 from disttrain.rl.nets import choose, make_net
@@ -64,8 +64,8 @@ def test_the_exploration_ladder_spans_eps_base_to_near_greedy() -> None:
 
 def test_learner_side_batched_inference_gives_the_actions_actor_side_inference_gives() -> None:
     cfg = RLConfig(actors=3)
-    lr = Learner(cfg, EnvSpec(4, 2))
-    actor_net = make_net(4, 2, cfg.hidden, cfg.seed)  # an actor's copy: the same weights
+    lr = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))
+    actor_net = make_net(4, 2, cfg.hidden, RLTrainConfig().seed)  # an actor's copy: the same weights
     pairs = zip(actor_net.state_dict().values(), lr.acting.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
     obs = [torch.randn(64, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
@@ -102,7 +102,7 @@ def _experience(n: int, seed: int) -> dict[str, object]:
 
 def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: Path) -> None:
     cfg = RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True)
-    a = Learner(cfg, EnvSpec(4, 2))
+    a = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))
     for k in range(8):
         a.receive(_experience(100, k))
         a.drain(0.0)
@@ -110,9 +110,7 @@ def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: 
             pass
     assert a.c.updates > 0 and len(a.replay) == 500 and a.c.env_steps == 800
     state.save(tmp_path, a)
-    b = Learner(
-        RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True, seed=5), EnvSpec(4, 2)
-    )
+    b = Learner(RLJobConfig(rl=cfg, train=RLTrainConfig(seed=5)), EnvSpec(4, 2))
     assert state.resume(tmp_path, b) is not None
     for k in ("env_steps", "episodes", "updates", "version"):
         assert getattr(b.c, k) == getattr(a.c, k), k
@@ -148,19 +146,20 @@ def test_without_gymnasium_disttrain_rl_names_the_install_command(
     monkeypatch.setitem(sys.modules, "gymnasium", None)  # `import gymnasium` raises ImportError
     with pytest.raises(ConfigError, match=r"needs gymnasium, an optional part: pip install 'disttrain\[rl\]'"):
         env_spec("CartPole-v1")
-    assert main(["rl", "--run-root", str(tmp_path)]) == 2
+    assert main(["rl", "--run.root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == "disttrain: error: disttrain rl needs gymnasium, an optional part: pip install 'disttrain[rl]'\n"
     assert not list(tmp_path.iterdir())  # nothing started, no run folder
 
 
 def test_every_disttrain_rl_command_in_its_guide_parses() -> None:
-    from disttrain.config.overrides import parse_dataclass
+    from disttrain.config import parse_command
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "reinforcement-learning.md").read_text()
     bash = "\n".join(re.findall(r"```bash\n(.*?)```", guide, flags=re.S))
     commands = [line.split("#")[0].split()[2:] for line in bash.splitlines() if line.startswith("disttrain rl ")]
     assert len(commands) >= 5
     for argv in commands:
-        cfg = parse_dataclass(RLConfig, argv, prog="disttrain rl")
-        env_spec(cfg.env_id)
+        line = parse_command(RLJobConfig, argv, "disttrain rl", "")
+        assert line is not None
+        env_spec(line.cfg.rl.env_id)

@@ -76,5 +76,5 @@ def resume_hint(run_dir: Path, whose: str) -> str:
     """How a stopped job goes on: the newest complete ``whose`` checkpoint and the command, or that there is none."""
     last = latest(run_dir)
     if last is None:
-        return f"no {whose} checkpoint yet (--checkpoint-every N)"
-    return f"the newest {whose} checkpoint is {last.name}: run again with --run-name {run_dir.name} to resume"
+        return f"no {whose} checkpoint yet (--checkpoint.interval N)"
+    return f"the newest {whose} checkpoint is {last.name}: run again with --run.name {run_dir.name} to resume"

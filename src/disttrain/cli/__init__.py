@@ -1,5 +1,8 @@
 """The ``disttrain`` command: one module per subcommand (argument handling only), dispatched from here.
 
+``run``, ``estimate``, ``ps`` and ``rl`` share one command line (:func:`disttrain.config.parse_command`):
+``--config job.toml``, ``--section.key value``, ``--print-config`` and a ``--help`` generated from the sections.
+
 The top of the import graph: may import every other package; nothing imports ``cli``.
 """
 
@@ -15,11 +18,11 @@ USAGE = """disttrain <command> [options]
 commands:
   run      train (default: the bundled GPT on Shakespeare, every local device)
   launch   run your own script under torchrun: disttrain launch -n 4 train.py [args]
-  estimate memory per rank for DDP / FSDP / HSDP and the strategy auto picks: disttrain estimate --nproc 8
+  estimate memory per rank for DDP / FSDP / HSDP and the strategy auto picks: disttrain estimate --parallel.nproc 8
   ckpt     look into and convert checkpoints: disttrain ckpt ls|inspect|verify|export RUN_OR_FOLDER
   doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
-  ps       a click-through-rate model trained against parameter servers: disttrain ps --servers 2 --trainers 2
-  rl       actors + a learner on RPC solve a gymnasium environment: disttrain rl --env-id CartPole-v1
+  ps       a click-through-rate model trained against parameter servers: disttrain ps --ps.servers 2 --ps.trainers 2
+  rl       actors + a learner on RPC solve a gymnasium environment: disttrain rl --rl.env-id CartPole-v1
   report   plots and one HTML page for run folders (several: overlaid), or --live while a job runs
 """
 

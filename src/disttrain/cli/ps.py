@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from disttrain.config.overrides import parse_dataclass
-from disttrain.ps.config import PSConfig
+from disttrain.config import Flag, parse_command, to_toml
+from disttrain.ps.config import PSJobConfig
+
+SUMMARY = """A click-through-rate model (embedding tables + an MLP) trained by trainers against sharded parameter
+servers on torch.distributed.rpc: bsp (equals one process on the combined batch), ssp or asp."""
+
+FLAGS = (
+    Flag("--plan", "print the rows and bytes each server holds and whether they fit this host's memory, then stop"),
+)
 
 
 def main(argv: list[str]) -> int:
     from disttrain.jobs.ps import launch_ps
 
-    cfg = parse_dataclass(PSConfig, argv, prog="disttrain ps")
-    return launch_ps(cfg)
+    line = parse_command(PSJobConfig, argv, "disttrain ps", SUMMARY, FLAGS)
+    if line is None:
+        return 0
+    if line.print_config:
+        print(to_toml(line.cfg), end="")
+        return 0
+    return launch_ps(line.cfg, plan=line.flags["plan"])

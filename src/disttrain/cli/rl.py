@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from disttrain.config.overrides import parse_dataclass
-from disttrain.rl.config import RLConfig
+from disttrain.config import parse_command, to_toml
+from disttrain.rl.config import RLJobConfig
+
+SUMMARY = """Actors play a gymnasium environment and send experience to one learner over torch.distributed.rpc: DQN
+(Ape-X style, replay, n-step returns) or REINFORCE, inference on the actors or batched on the learner."""
 
 
 def main(argv: list[str]) -> int:
     from disttrain.jobs.rl import launch_rl
 
-    return launch_rl(parse_dataclass(RLConfig, argv, prog="disttrain rl"))
+    line = parse_command(RLJobConfig, argv, "disttrain rl", SUMMARY)
+    if line is None:
+        return 0
+    if line.print_config:
+        print(to_toml(line.cfg), end="")
+        return 0
+    return launch_rl(line.cfg)

@@ -9,11 +9,15 @@ rule, the value and the fix.
 ``sections`` (model, data, train, optim, precision, metrics), ``parallel`` (parallel, launch), ``runtime``
 (checkpoint, run, health), ``job`` (JobConfig, the batch arithmetic), ``io`` (TOML and dicts, with
 ``typecheck`` checking every value against its field's type), ``overrides`` (``--section.key value`` via tyro),
-``values`` (dtype names, byte sizes, the check helper).
+``command`` (the one command line of run, estimate, ps and rl: ``--config``, overrides, ``--print-config``,
+``--help``), ``values`` (dtype names, byte sizes, the check helper). The io, overrides and command functions take
+any job config of sections: JobConfig by default, the parameter server's and RL's (``ps.config``, ``rl.config``,
+which reuse the run, launch and health sections) with ``job=``.
 
 Imports only ``disttrain.errors`` from disttrain (layer 1: everything else may import it).
 """
 
+from disttrain.config.command import COMMON_FLAGS, CommandLine, Flag, parse_command
 from disttrain.config.io import from_dict, load_toml, to_dict, to_toml
 from disttrain.config.job import BatchPlan, JobConfig, known_keys, resolve_batch, section_types
 from disttrain.config.overrides import apply_overrides, check_override_keys
@@ -32,12 +36,15 @@ from disttrain.config.values import DTYPES, parse_bytes
 from disttrain.errors import ConfigError
 
 __all__ = [
+    "COMMON_FLAGS",
     "DTYPES",
     "RESOLVED_FILE",
     "BatchPlan",
     "CheckpointConfig",
+    "CommandLine",
     "ConfigError",
     "DataConfig",
+    "Flag",
     "HealthConfig",
     "JobConfig",
     "LaunchConfig",
@@ -55,6 +62,7 @@ __all__ = [
     "known_keys",
     "load_toml",
     "parse_bytes",
+    "parse_command",
     "resolve_batch",
     "section_types",
     "to_dict",

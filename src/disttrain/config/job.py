@@ -35,15 +35,16 @@ class JobConfig:
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
 
 
-def section_types() -> dict[str, type]:
-    """Section name -> dataclass type, in declaration order."""
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+def section_types(job: type = JobConfig) -> dict[str, type]:
+    """Section name -> dataclass type of ``job`` (JobConfig, or another command's job of sections), in
+    declaration order."""
+    hints = typing.get_type_hints(job)
+    return {f.name: hints[f.name] for f in dataclasses.fields(job)}
 
 
-def known_keys() -> list[str]:
-    """Every dotted key a user may set ('train.steps', ...)."""
-    return [f"{s}.{f.name}" for s, t in section_types().items() for f in dataclasses.fields(t)]
+def known_keys(job: type = JobConfig) -> list[str]:
+    """Every dotted key a user may set in ``job`` ('train.steps', ...)."""
+    return [f"{s}.{f.name}" for s, t in section_types(job).items() for f in dataclasses.fields(t)]
 
 
 @dataclasses.dataclass(frozen=True)

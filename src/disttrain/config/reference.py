@@ -3,8 +3,9 @@
 Every field of a section has a docstring on the line(s) after it (habit 2); this module reads those with
 ``ast`` from the source, the defaults from ``dataclasses.fields`` and the types from the annotations, and
 renders one markdown table per section: option, type, default, meaning. ``scripts/gen_config_docs.py``
-writes it into docs/configuration.md (with the ``disttrain ps`` and ``disttrain rl`` configs, which live above
-this layer), and a test fails when the page and the dataclasses disagree, so the reference cannot drift.
+writes it into docs/configuration.md (with the ``disttrain ps`` and ``disttrain rl`` jobs, which live above
+this layer: their own sections as tables, the ones they share with ``run`` as links), and a test fails when the
+page and the dataclasses disagree, so the reference cannot drift.
 
 Imports only ``disttrain.config`` (layer 1).
 """
@@ -78,43 +79,45 @@ def cell(text: str) -> str:
     return re.sub(r"``(.+?)``", r"`\1`", text).replace("|", "\\|")
 
 
-def render_options(cls: type, prefix: str, nested: dict[type, str] | None = None) -> str:
-    """One table: every field of ``cls`` as ``--PREFIXfield``; a field holding another config (``nested``:
-    type -> where that one is described) is a pointer to it."""
+def render_options(cls: type, prefix: str) -> str:
+    """One table: every field of ``cls`` as ``--PREFIXfield``."""
     docs, types = field_docs(cls), field_types(cls)
     rows = ["| option | type | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
-        target = next((where for t, where in (nested or {}).items() if isinstance(default_value(f), t)), None)
-        if target is not None:
-            rows.append(f"| `--{prefix}{f.name}.*` | section | | {cell(docs.get(f.name, ''))} See {target}. |")
-            continue
         option, kind = f"`--{prefix}{f.name}`", cell(type_text(types[f.name]))
         rows.append(f"| {option} | {kind} | `{cell(default_text(f))}` | {cell(docs.get(f.name, MISSING_DOC))} |")
     return "\n".join(rows)
 
 
-def default_value(field: dataclasses.Field[Any]) -> Any:
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return field.default
-
-
 def render_reference(commands: Sequence[tuple[str, type]] = ()) -> str:
     """The reference as markdown: a section per field of :class:`JobConfig` (``disttrain run``, ``estimate``),
-    then one per entry of ``commands`` (title, config dataclass: a command whose options are the fields)."""
+    then one per entry of ``commands`` (title, the command's job config of sections)."""
     sections = section_types()
-    nested = {t: f"[`[{name}]`](#{name})" for name, t in sections.items()}
+    shared = {t: f"[`[{name}]`](#{name})" for name, t in sections.items()}
     parts = []
     for name, cls in sections.items():
         intro = cell(inspect.getdoc(cls) or "")
-        parts.append(f"### `[{name}]`\n\n{intro}\n\n{render_options(cls, name + '.', nested)}\n")
-    for title, cls in commands:
-        intro = cell(inspect.getdoc(cls) or "")
-        parts.append(f"### `{title}`\n\n{intro}\n\n{render_options(cls, '', nested)}\n")
+        parts.append(f"### `[{name}]`\n\n{intro}\n\n{render_options(cls, name + '.')}\n")
+    parts += [render_command(title, job, shared) for title, job in commands]
     head = (
         f"## Reference\n\n{cell(inspect.getdoc(JobConfig) or '')} Sections, in order: "
         + ", ".join(f"[`{n}`](#{n})" for n in sections)
-        + (", and the options of " + ", ".join(f"`{t}`" for t, _ in commands) if commands else "")
+        + (", and the sections of " + ", ".join(f"`{t}`" for t, _ in commands) if commands else "")
         + ".\n"
     )
     return "\n".join([head, *parts])
+
+
+def render_command(title: str, job: type, shared: dict[type, str]) -> str:
+    """A command's job of sections: a table per section of its own, a link for each it shares with ``disttrain
+    run`` (``shared``: section type -> where it is described)."""
+    own, same = [], []
+    for name, cls in section_types(job).items():
+        if cls in shared:
+            same.append(f"{shared[cls]} (`--{name}.*`)")
+            continue
+        intro = cell(inspect.getdoc(cls) or "")
+        own.append(f"#### `{title}` `[{name}]`\n\n{intro}\n\n{render_options(cls, name + '.')}\n")
+    intro = cell(" ".join((inspect.getdoc(job) or "").split()))
+    tail = f"The sections it shares with `disttrain run`: {', '.join(same)}.\n" if same else ""
+    return "\n".join([f"### `{title}`\n\n{intro}\n", *own, tail])

@@ -57,7 +57,8 @@ class RunConfig:
     """Where the run folder goes."""
 
     name: str | None = None
-    """Run folder name (default: date-time-strategy)."""
+    """Run folder name (default: the date and time, then the strategy, or ps or rl); an existing run folder's
+    name resumes that run from its newest checkpoint."""
     root: str = "runs"
     """Parent folder of run folders."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from disttrain.config import JobConfig, parse_bytes
+from disttrain.config import JobConfig
 from disttrain.errors import ConfigError
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel.strategies import COLUMNS as STRATEGY_COLUMNS
@@ -37,31 +37,25 @@ from disttrain.train.loss import cross_entropy
 def run_estimate(
     cfg: JobConfig,
     *,
-    nproc: int | None = None,
-    nnodes: int = 1,
-    device_memory: str | None = None,
     as_json: bool = False,
     measure: bool = False,
     explain: bool = False,
     bandwidth: str | None = None,
     inter_bandwidth: str | None = None,
 ) -> int:
-    """``disttrain estimate``: print the plan (and, with ``measure``, predicted vs measured)."""
+    """``disttrain estimate``: print the plan for ``parallel.nproc`` ranks on each of ``launch.nnodes`` nodes
+    (elastic MIN:MAX: MIN, the fewest ranks, where each holds the most) of ``parallel.device_memory`` each (and,
+    with ``measure``, predicted vs measured)."""
     device = local_device(cfg)
-    nproc = nproc or cfg.parallel.nproc or default_nproc(device)
-    if nproc < 1 or nnodes < 1:
-        raise ConfigError(f"--nproc ({nproc}) and --nnodes ({nnodes}) must be >= 1")
+    nproc = cfg.parallel.nproc or default_nproc(device)
+    nnodes = int(cfg.launch.nnodes.split(":")[0])
     target = target_device(cfg)
-    if not device_memory and cfg.parallel.device_memory == "auto" and target == "cuda" and device != "cuda":
+    if cfg.parallel.device_memory == "auto" and target == "cuda" and device != "cuda":
         raise ConfigError(
             "planning for CUDA devices on a machine without one: say how much memory each GPU has, "
-            "e.g. --device-memory 80GiB"
+            "e.g. --parallel.device-memory 80GiB"
         )
-    mem = (
-        parse_bytes(device_memory, "--device-memory")
-        if device_memory
-        else resolve_device_memory(cfg.parallel.device_memory, target, nproc)
-    )
+    mem = resolve_device_memory(cfg.parallel.device_memory, target, nproc)
     cfg = resolved_precision(cfg, target)
     dtype = cfg.precision.dtype
     machine = resolve_machine(
@@ -89,7 +83,7 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
 
     nproc, nnodes = est.layout.nproc, est.layout.nnodes
     if nnodes != 1:
-        raise ConfigError("--measure runs on this machine only; drop --nnodes (or set it to 1)")
+        raise ConfigError("--measure runs on this machine only; drop --launch.nnodes (or set it to 1)")
     check_nproc(nproc, device, oversubscribe=cfg.parallel.oversubscribe or device == "cpu")
     if nproc == 1:
         measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}

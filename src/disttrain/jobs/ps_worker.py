@@ -1,9 +1,9 @@
-"""``python -m disttrain.jobs.ps_worker CONFIG.json RUN_DIR`` under torchrun: ranks below ``trainers`` train,
-the rest serve. Trainer 0 creates the tables, writes ``metrics.jsonl`` and ``summary.json``, and prints."""
+"""``python -m disttrain.jobs.ps_worker RUN_DIR`` under torchrun: the job is the run folder's ``config.toml``;
+ranks below ``ps.trainers`` train, the rest serve. Trainer 0 creates the tables, writes ``metrics.jsonl`` and
+``summary.json``, and prints."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -16,12 +16,13 @@ import torch
 import torch.distributed as dist
 
 from disttrain.checkpoint.commit import resume_hint
+from disttrain.config import load_toml, to_dict
 from disttrain.errors import RpcError
 from disttrain.health.events import log_event, record_exit
 from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
-from disttrain.ps.config import PSConfig
+from disttrain.ps.config import PSJobConfig
 from disttrain.ps.trainer import PSResult, PSTrainer
 from disttrain.rpc import transport
 from disttrain.utils.process import exit_now, run_and_exit
@@ -36,32 +37,33 @@ def trainers_group(rank: int, n: int) -> Any:
     return dist.group.WORLD
 
 
-def reporter(cfg: PSConfig, run_dir: Path) -> Any:
+def reporter(cfg: PSJobConfig, run_dir: Path) -> Any:
     metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed by the last step)
     last = {"t": time.perf_counter(), "step": 0}  # when, and at which step, the last progress line was printed
+    train, trainers = cfg.train, cfg.ps.trainers
 
     def on_step(step: int, res: PSResult) -> None:
         rec: dict[str, Any] = {"step": step, "loss": res.losses[-1], "staleness": res.staleness[-1]}
         if res.evals and res.evals[-1]["step"] == step:
             rec.update(res.evals[-1])
             print(
-                f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
+                f"step {step:6d}/{train.steps} | loss {rec['loss']:.4f} | auc {rec['auc']:.4f} "
                 f"(ceiling {rec['ceiling_auc']:.4f}) | logloss {rec['logloss']:.4f}",
                 flush=True,
             )
-        elif cfg.log_every and step % cfg.log_every == 0:
+        elif train.log_interval and step % train.log_interval == 0:
             now = time.perf_counter()
             since = step - int(last["step"])
-            rate = since * cfg.batch * cfg.trainers / max(now - last["t"], 1e-9)
+            rate = since * train.batch * trainers / max(now - last["t"], 1e-9)
             print(
-                f"step {step:6d}/{cfg.steps} | loss {rec['loss']:.4f} | {rate:,.0f} samples/s | "
+                f"step {step:6d}/{train.steps} | loss {rec['loss']:.4f} | {rate:,.0f} samples/s | "
                 f"staleness {max(res.staleness[-since:], default=0)}",
                 flush=True,
             )
             last.update(t=now, step=step)
         metrics.write(json.dumps(rec) + "\n")
         metrics.flush()  # a killed job keeps every step it logged
-        if step == cfg.steps:
+        if step == train.steps:
             metrics.close()
 
     return on_step
@@ -72,24 +74,24 @@ def main(argv: list[str]) -> int:
         from disttrain.testing.faults import install
 
         install()
-    cfg = PSConfig.from_dict(json.loads(Path(argv[0]).read_text()))
-    run_dir = Path(argv[1])
+    run_dir = Path(argv[0])
+    cfg = load_toml(run_dir / "config.toml", job=PSJobConfig)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own DDP set-up, on gloo
     torch.set_num_threads(1)
-    servers = [f"server{i}" for i in range(cfg.servers)]
-    me = f"trainer{rank}" if rank < cfg.trainers else servers[rank - cfg.trainers]
-    transport.init(me, rank, world, timeout_s=cfg.rpc_timeout_s)
-    if rank < cfg.trainers:
+    servers = [f"server{i}" for i in range(cfg.ps.servers)]
+    me = f"trainer{rank}" if rank < cfg.ps.trainers else servers[rank - cfg.ps.trainers]
+    transport.init(me, rank, world, timeout_s=cfg.ps.rpc_timeout_s)
+    if rank < cfg.ps.trainers:
         train(cfg, rank, servers, run_dir)
     transport.shutdown()
     return 0
 
 
-def train(cfg: PSConfig, rank: int, servers: list[str], run_dir: Path) -> None:
+def train(cfg: PSJobConfig, rank: int, servers: list[str], run_dir: Path) -> None:
     """Trainer ``rank``'s part: tables (rank 0), resume, the loop under heartbeats, the summary (rank 0)."""
-    group = trainers_group(rank, cfg.trainers)
-    health = HealthMonitor(cfg.health, rank, cfg.trainers, run_dir, cfg.rpc_timeout_s)
+    group = trainers_group(rank, cfg.ps.trainers)
+    health = HealthMonitor(cfg.health, rank, cfg.ps.trainers, run_dir, cfg.ps.rpc_timeout_s)
     health.start()
     try:
         trainer = PSTrainer(cfg, rank, servers, group, run_dir, health)
@@ -115,10 +117,10 @@ def train(cfg: PSConfig, rank: int, servers: list[str], run_dir: Path) -> None:
         dist.destroy_process_group()
 
 
-def write_summary(cfg: PSConfig, run_dir: Path, res: PSResult) -> None:
-    stats = transport.call("server0", server.push_stats) if cfg.mode != "bsp" else {}
+def write_summary(cfg: PSJobConfig, run_dir: Path, res: PSResult) -> None:
+    stats = transport.call("server0", server.push_stats) if cfg.ps.mode != "bsp" else {}
     summary = {
-        "config": dataclasses.asdict(cfg),
+        "config": to_dict(cfg),
         "final": res.evals[-1],
         "samples_per_s": res.samples_per_s,
         "bytes_per_step": res.bytes_per_step,
@@ -128,17 +130,17 @@ def write_summary(cfg: PSConfig, run_dir: Path, res: PSResult) -> None:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
-        f"done: {cfg.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
+        f"done: {cfg.train.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
         f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}",
         flush=True,
     )
 
 
-def server_down(cfg: PSConfig, rank: int, run_dir: Path, e: RpcError) -> NoReturn:
+def server_down(cfg: PSJobConfig, rank: int, run_dir: Path, e: RpcError) -> NoReturn:
     """A call to a server failed (it died, or stopped answering within ps.rpc_timeout_s): one line naming it,
     the events log, and the way back; then this trainer exits (torchrun ends or restarts the whole job)."""
-    who = next((s for s in (f"server{i}" for i in range(cfg.servers)) if f" on {s} " in str(e)), "a server")
-    where = f"{who} (rank {cfg.trainers + int(who[6:])})" if who != "a server" else who
+    who = next((s for s in (f"server{i}" for i in range(cfg.ps.servers)) if f" on {s} " in str(e)), "a server")
+    where = f"{who} (rank {cfg.ps.trainers + int(who[6:])})" if who != "a server" else who
     back = resume_hint(run_dir, "server")
     msg = f"disttrain ps: {where} is down or not answering, trainer {rank} stops: {e}; {back}"
     log_event(run_dir, "ps_server_down", server=who, trainer=rank, error=str(e))

@@ -3,14 +3,13 @@
 Not torchrun: its agent ends (or restarts) the whole group when any worker fails, and an RL job should
 outlive an actor. Here a dead actor is written to the events log and printed, and the learner goes on with
 the others; the learner failing ends the job with one line that says how to resume. Rank 0 (the learner)
-prints to this console; every rank's output also goes to ``<run>/logs/rank<r>.log``.
+prints to this console; every rank's output also goes to ``<run>/logs/rank<r>.log``. The workers read the job
+from the run folder's ``config.toml``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import json
 import os
 import signal
 import subprocess
@@ -22,26 +21,27 @@ from typing import IO
 import torch.distributed as dist
 
 from disttrain.checkpoint.commit import resume_hint
+from disttrain.config import to_toml
 from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.utils.host import free_port
 
 
-def rl_run_dir(cfg: RLConfig) -> Path:
-    path = Path(cfg.run_root) / (cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + "-rl")
+def rl_run_dir(cfg: RLJobConfig) -> Path:
+    path = Path(cfg.run.root) / (cfg.run.name or time.strftime("%Y%m%d-%H%M%S") + "-rl")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def my_ranks(cfg: RLConfig) -> tuple[range, str, int]:
+def my_ranks(cfg: RLJobConfig) -> tuple[range, str, int]:
     """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
-    world, nodes = cfg.actors + 1 + cfg.spare_actors, int(cfg.launch.nnodes.split(":")[-1])
+    world, nodes = world_size(cfg), int(cfg.launch.nnodes.split(":")[-1])
     if ":" in cfg.launch.nnodes or world % nodes:
         raise ConfigError(
-            f"disttrain rl runs {world} processes (1 learner + {cfg.actors} actors + "
-            f"{cfg.spare_actors} spares), which launch.nnodes {cfg.launch.nnodes!r} must divide "
+            f"disttrain rl runs {world} processes (1 learner + {cfg.rl.actors} actors + "
+            f"{cfg.rl.spare_actors} spares), which launch.nnodes {cfg.launch.nnodes!r} must divide "
             "evenly"
         )
     if nodes == 1:
@@ -55,7 +55,12 @@ def my_ranks(cfg: RLConfig) -> tuple[range, str, int]:
     return range(cfg.launch.node_rank * per, (cfg.launch.node_rank + 1) * per), host, int(port)
 
 
-def start(rank: int, world: int, host: str, port: int, config: Path, run_dir: Path) -> subprocess.Popen[bytes]:
+def world_size(cfg: RLJobConfig) -> int:
+    """The learner, the actors and the spares."""
+    return 1 + cfg.rl.actors + cfg.rl.spare_actors
+
+
+def start(rank: int, world: int, host: str, port: int, run_dir: Path) -> subprocess.Popen[bytes]:
     env = dict(
         os.environ,
         RANK=str(rank),
@@ -68,25 +73,24 @@ def start(rank: int, world: int, host: str, port: int, config: Path, run_dir: Pa
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings when an actor dies
     log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
     out = None if rank == 0 else log
-    cmd = [sys.executable, "-m", "disttrain.jobs.rl_worker", str(config), str(run_dir)]
+    cmd = [sys.executable, "-m", "disttrain.jobs.rl_worker", str(run_dir)]
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=log if rank else None)
 
 
-def launch_rl(cfg: RLConfig) -> int:
-    env_spec(cfg.env_id)  # an unknown id or an unsupported space: one line, before anything starts
+def launch_rl(cfg: RLJobConfig) -> int:
+    rl = cfg.rl
+    env_spec(rl.env_id)  # an unknown id or an unsupported space: one line, before anything starts
     ranks, host, port = my_ranks(cfg)
     run_dir = rl_run_dir(cfg)
     (run_dir / "logs").mkdir(exist_ok=True)
-    config = run_dir / "config.json"
-    config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    (run_dir / "config.toml").write_text(to_toml(cfg))
     if 0 in ranks:
         print(
-            f"disttrain rl: {cfg.algo} on {cfg.env_id}, 1 learner + {cfg.actors} actors x {cfg.envs_per_actor} "
-            f"envs, inference on the {cfg.inference}; run folder {run_dir}",
+            f"disttrain rl: {rl.algo} on {rl.env_id}, 1 learner + {rl.actors} actors x {rl.envs_per_actor} "
+            f"envs, inference on the {rl.inference}; run folder {run_dir}",
             flush=True,
         )
-    world = cfg.actors + 1 + cfg.spare_actors
-    procs = {r: start(r, world, host, port, config, run_dir) for r in ranks}
+    procs = {r: start(r, world_size(cfg), host, port, run_dir) for r in ranks}
     try:
         return Watch(cfg, procs, run_dir, (host, port)).run()
     except KeyboardInterrupt:
@@ -104,11 +108,11 @@ class Watch:
     place; end with the learner."""
 
     def __init__(
-        self, cfg: RLConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, store_at: tuple[str, int]
+        self, cfg: RLJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, store_at: tuple[str, int]
     ) -> None:
         self.procs, self.run_dir, self.store_at = procs, run_dir, store_at
-        self.places = {r: r - 1 for r in procs if 1 <= r <= cfg.actors}  # rank -> the actor place it plays
-        self.spares = [r for r in procs if r > cfg.actors]
+        self.places = {r: r - 1 for r in procs if 1 <= r <= cfg.rl.actors}  # rank -> the actor place it plays
+        self.spares = [r for r in procs if r > cfg.rl.actors]
         self.reported: set[int] = set()
 
     def run(self) -> int:

@@ -1,9 +1,9 @@
-"""``python -m disttrain.jobs.rl_worker CONFIG.json RUN_DIR`` (started by ``disttrain rl``): rank 0 is the
-learner, ranks 1.. the actors. The learner writes ``metrics.jsonl``, ``summary.json`` and the progress lines."""
+"""``python -m disttrain.jobs.rl_worker RUN_DIR`` (started by ``disttrain rl``): the job is the run folder's
+``config.toml``; rank 0 is the learner, ranks 1.. the actors. The learner writes ``metrics.jsonl``,
+``summary.json`` and the progress lines."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
+from disttrain.config import load_toml, to_dict
 from disttrain.health.events import log_event
 from disttrain.rl import learner as learner_mod
 from disttrain.rl import state
 from disttrain.rl.actor import Actor
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLConfig, RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.learner import Learner, mean
 from disttrain.rpc import transport
@@ -54,10 +55,10 @@ def progress(rec: dict[str, Any]) -> str:
     )
 
 
-def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
+def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
     """The learner's loop: train when the replay ratio allows, take in experience, answer actors, log,
     checkpoint; until solved or out of environment steps."""
-    lr = Learner(cfg, env_spec(cfg.env_id))
+    lr = Learner(cfg, env_spec(cfg.rl.env_id))
     resumed = state.resume(run_dir, lr)
     if resumed is not None:
         log_event(run_dir, "rl_resume", updates=lr.c.updates, env_steps=lr.c.env_steps, path=str(resumed))
@@ -65,15 +66,16 @@ def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
     learner_mod.serve(lr)
     metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed below)
     t0, steps0, last_log = time.perf_counter(), lr.c.env_steps, time.perf_counter()
-    while not (lr.solved() or lr.c.env_steps >= cfg.max_env_steps):
+    every = cfg.checkpoint.interval
+    while not (lr.solved() or lr.c.env_steps >= cfg.train.max_env_steps):
         trained = lr.train_once()
         lr.drain(0.0 if trained else 0.02)
         lr.release()
-        if trained and cfg.checkpoint_every and lr.c.updates % cfg.checkpoint_every == 0:
+        if trained and every and lr.c.updates % every == 0:
             state.save(run_dir, lr)
         if trained:
             hooks.fire("learner_update", lr.c.updates, 0)
-        if time.perf_counter() - last_log >= cfg.log_every_s:
+        if time.perf_counter() - last_log >= cfg.train.log_interval_s:
             last_log = time.perf_counter()
             rec = record(lr, t0, steps0)
             metrics.write(json.dumps(rec) + "\n")
@@ -84,7 +86,7 @@ def learn(cfg: RLConfig, run_dir: Path) -> dict[str, Any]:
     final = record(lr, t0, steps0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
     metrics.write(json.dumps(final) + "\n")
     metrics.close()
-    wait_for_actors(lr, cfg)
+    wait_for_actors(lr, cfg.rl)
     return final
 
 
@@ -103,16 +105,17 @@ def main(argv: list[str]) -> int:
         from disttrain.testing.faults import install
 
         install()
-    cfg = RLConfig.from_dict(json.loads(Path(argv[0]).read_text()))
-    run_dir = Path(argv[1])
+    run_dir = Path(argv[0])
+    cfg = load_toml(run_dir / "config.toml", job=RLJobConfig)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own RPC set-up, on gloo
-    name = "learner" if rank == 0 else f"actor{rank - 1}" if rank <= cfg.actors else f"spare{rank - cfg.actors - 1}"
-    transport.init(name, rank, world, timeout_s=cfg.rpc_timeout_s)
+    actors = cfg.rl.actors
+    name = "learner" if rank == 0 else f"actor{rank - 1}" if rank <= actors else f"spare{rank - actors - 1}"
+    transport.init(name, rank, world, timeout_s=cfg.rl.rpc_timeout_s)
     if rank == 0:
         final = learn(cfg, run_dir)
-        summary = {"config": dataclasses.asdict(cfg), **final}
+        summary = {"config": to_dict(cfg), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         verdict = "solved" if final["solved"] else "not solved"
         print(
@@ -121,11 +124,11 @@ def main(argv: list[str]) -> int:
             f"{len(learner_mod._get().c.returns)} counted episodes | run folder: {run_dir}",
             flush=True,
         )
-        transport.shutdown(graceful=False, peers=[0, *learner_mod._get().told, *idle_spares(cfg)])
+        transport.shutdown(graceful=False, peers=[0, *learner_mod._get().told, *idle_spares(cfg.rl)])
     else:
-        index = rank - 1 if rank <= cfg.actors else wait_as_spare()
+        index = rank - 1 if rank <= actors else wait_as_spare()
         if index is not None:
-            res = Actor(cfg, index, env_spec(cfg.env_id), rank).run()
+            res = Actor(cfg, index, env_spec(cfg.rl.env_id), rank).run()
             (run_dir / "logs" / f"actor{index}.json").write_text(json.dumps(res) + "\n")
         transport.shutdown(graceful=False, peers=[0])
     return 0

@@ -23,7 +23,7 @@ from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
 from disttrain.ps.clicks import ClickLog, CriteoFile, auc
 from disttrain.ps.client import TableClient, TableGroup
-from disttrain.ps.config import PSConfig
+from disttrain.ps.config import PSJobConfig
 from disttrain.ps.model import DenseArch
 from disttrain.rpc import transport
 from disttrain.utils import hooks
@@ -40,49 +40,52 @@ class PSResult:
 
 
 class PSTrainer:
-    """Trainer ``rank`` of ``cfg.trainers``; ``group``: the trainers' process group is the default one (None:
+    """Trainer ``rank`` of ``cfg.ps.trainers``; ``group``: the trainers' process group is the default one (None:
     a lone trainer)."""
 
     def __init__(
         self,
-        cfg: PSConfig,
+        cfg: PSJobConfig,
         rank: int,
         servers: list[str],
         group: Any = None,
         run_dir: Path | None = None,
         health: HealthMonitor | None = None,
     ) -> None:
-        self.cfg, self.rank, self.group, self.servers, self.run_dir = cfg, rank, group, servers, run_dir
+        self.cfg, self.train = cfg.ps, cfg.train  # the [ps] and [train] sections
+        self.checkpoint_interval = cfg.checkpoint.interval
+        self.rank, self.group, self.servers, self.run_dir = rank, group, servers, run_dir
         self.health = health
         self.start = 0
         self.staleness: list[int] = []
+        ps, train = cfg.ps, cfg.train
         self.log: ClickLog | CriteoFile = (
-            ClickLog(list(cfg.tables), cfg.n_dense, seed=cfg.seed)
-            if cfg.data_path is None
-            else CriteoFile(cfg.data_path, list(cfg.tables), cfg.eval_samples)
+            ClickLog(list(ps.tables), ps.n_dense, seed=train.seed)
+            if ps.data_path is None
+            else CriteoFile(ps.data_path, list(ps.tables), train.eval_samples)
         )
         sizes = self.log.tables
-        self.tables = [TableClient(f"t{i}", rows, cfg.dim, servers, cfg.sharding) for i, rows in enumerate(sizes)]
+        self.tables = [TableClient(f"t{i}", rows, ps.dim, servers, ps.sharding) for i, rows in enumerate(sizes)]
         self.group_tables = TableGroup(self.tables)
-        torch.manual_seed(cfg.seed)
-        model = DenseArch(cfg.n_dense, len(sizes), cfg.dim, cfg.hidden)
-        self.dense_on_server = cfg.dense_on_server
+        torch.manual_seed(train.seed)
+        model = DenseArch(ps.n_dense, len(sizes), ps.dim, ps.hidden)
+        self.dense_on_server = ps.dense_on_server
         ddp = group is not None and not self.dense_on_server
         self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
-        self.eval_batch = self.log.held_out(cfg.eval_samples, cfg.seed)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr)
+        self.eval_batch = self.log.held_out(train.eval_samples, train.seed)
 
     def create_tables(self) -> None:
         for t in self.tables:
-            t.create(optimizer=self.cfg.optimizer, lr=self.cfg.lr, seed=self.cfg.seed + 17)
+            t.create(optimizer=self.cfg.optimizer, lr=self.cfg.lr, seed=self.train.seed + 17)
         if self.dense_on_server:
             flat = parameters_to_vector(self.model.parameters()).detach()
             transport.call(self.servers[0], server.create_dense, flat, self.cfg.dense_lr)
 
     def my_batch(self, step: int) -> Any:
-        cfg = self.cfg
-        b = self.log.batch(cfg.batch * cfg.trainers, torch.Generator().manual_seed(cfg.seed * 100_003 + step))
-        part = slice(self.rank * cfg.batch, (self.rank + 1) * cfg.batch)
+        batch, trainers, seed = self.train.batch, self.cfg.trainers, self.train.seed
+        b = self.log.batch(batch * trainers, torch.Generator().manual_seed(seed * 100_003 + step))
+        part = slice(self.rank * batch, (self.rank + 1) * batch)
         b.dense, b.ids, b.label = b.dense[part], b.ids[part], b.label[part]
         return b
 
@@ -163,7 +166,7 @@ class PSTrainer:
         """The dense part (rank 0 restores the server's copy when it lives there) and the data position."""
         self.start = int(state["step"])
         if isinstance(self.log, CriteoFile):
-            self.log.seek(self.start, self.cfg.batch * self.cfg.trainers)
+            self.log.seek(self.start, self.train.batch * self.cfg.trainers)
         if "dense_server" in state:
             if self.rank == 0:
                 transport.call(self.servers[0], server.load_dense_state, state["dense_server"])
@@ -173,24 +176,24 @@ class PSTrainer:
         self.opt.load_state_dict(state["opt"])
 
     def fit(self, on_step: Any = None) -> PSResult:
-        cfg, res = self.cfg, PSResult(staleness=self.staleness)
+        train, res = self.train, PSResult(staleness=self.staleness)
         t0 = time.perf_counter()
-        for step in range(self.start, cfg.steps):
+        for step in range(self.start, train.steps):
             t = time.perf_counter()
             res.losses.append(self.step(step))
             if self.health is not None:
                 self.health.step_done(step + 1, time.perf_counter() - t)
-            every = cfg.checkpoint_every
+            every = self.checkpoint_interval
             if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
                 self._phase("checkpoint")
                 ps_checkpoint.save(self.run_dir, step + 1, self.servers, self.state(step + 1))
-            last = step + 1 == cfg.steps
-            if self.rank == 0 and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last):
+            last = step + 1 == train.steps
+            if self.rank == 0 and ((train.eval_interval and (step + 1) % train.eval_interval == 0) or last):
                 self._phase("eval")
                 res.evals.append({"step": step + 1, **self.evaluate()})
             if on_step is not None:
                 on_step(step + 1, res)
-        done = max(cfg.steps - self.start, 1)
-        res.samples_per_s = done * cfg.batch * cfg.trainers / (time.perf_counter() - t0)
+        done = max(train.steps - self.start, 1)
+        res.samples_per_s = done * train.batch * self.cfg.trainers / (time.perf_counter() - t0)
         res.bytes_per_step = self.group_tables.bytes_moved / done
         return res

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from disttrain.rl import learner, updates
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import EnvSpec, make_vec
 from disttrain.rl.nets import choose, make_net
 from disttrain.rl.nstep import NStepFolder
@@ -20,11 +20,12 @@ from disttrain.utils import hooks
 
 
 class Actor:
-    def __init__(self, cfg: RLConfig, index: int, spec: EnvSpec, rank: int, learner_name: str = "learner") -> None:
+    def __init__(self, job: RLJobConfig, index: int, spec: EnvSpec, rank: int, learner_name: str = "learner") -> None:
+        cfg = job.rl
         self.cfg, self.index, self.rank, self.to = cfg, index, rank, learner_name
-        self.seed = cfg.seed * 1000 + index
+        self.seed = job.train.seed * 1000 + index
         self.env = make_vec(cfg.env_id, cfg.envs_per_actor, self.seed)
-        self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, cfg.seed)
+        self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, job.train.seed)
         self.gen = torch.Generator().manual_seed(self.seed)
         self.eps = torch.tensor(cfg.epsilon(index))
         n = cfg.n_step if cfg.algo == "dqn" else 1

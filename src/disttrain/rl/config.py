@@ -1,17 +1,19 @@
-"""``disttrain rl``'s job: the environment, the algorithm, actors and learner, replay, when it is solved."""
+"""``disttrain rl``'s job, one dataclass per section as ``disttrain run``'s: ``[rl]`` (the environment, the
+algorithm, actors and learner, replay, exploration), ``[train]`` (when it stops and what it logs, the seed),
+``[checkpoint]``, and the run folder and launch sections every job shares (``disttrain.config``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Literal
 
-from disttrain.config import LaunchConfig
+from disttrain.config import LaunchConfig, RunConfig
 from disttrain.config.values import check
 
 
 @dataclasses.dataclass
 class RLConfig:
-    """Actors play a gymnasium environment and send experience to one learner over RPC."""
+    """The environment, the algorithm, actors and learner, replay and exploration."""
 
     env_id: str = "CartPole-v1"
     """Any gymnasium environment with a discrete action space and a vector observation."""
@@ -65,34 +67,12 @@ class RLConfig:
     explore_steps: int = 0
     """dqn: every actor starts fully random and anneals linearly to its ladder rate over the job's first
     explore_steps environment steps (0: the ladder from the start)."""
-    eval_eps: float = 0.02
-    """Episodes of actors exploring at most this much count towards 'solved' (all actors under reinforce)."""
-    solve_return: float = 475.0
-    """Stop when the mean return of the last solve_window counted episodes reaches this (0: never)."""
-    solve_window: int = 100
-    """Episodes in the solved mean."""
-    max_env_steps: int = 500_000
-    """Stop after this many environment steps in all (solved or not)."""
     episodes_per_update: int = 8
     """reinforce: episodes per policy-gradient update."""
     max_lag: int = 2
     """reinforce: episodes played with a policy more than this many updates old are dropped."""
-    checkpoint_every: int = 0
-    """Save the learner (network, optimizer, replay, counters) every this many updates (0: never); a
-    restarted job resumes from the newest complete one."""
-    log_every_s: float = 5.0
-    """Seconds between progress lines (and metrics.jsonl records)."""
     rpc_timeout_s: float = 60.0
     """A remote call that takes longer fails with a message naming the worker."""
-    seed: int = 0
-    """Environments, exploration and initialisation."""
-    run_root: str = "runs"
-    """Where run folders are made."""
-    run_name: str | None = None
-    """The run folder's name (default: <time>-rl)."""
-    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
-    """Nodes: ``--launch.nnodes 2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` (rank 0, the
-    learner, on node 0; actors spread over the nodes)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,8 +83,6 @@ class RLConfig:
             "hidden",
             "n_step",
             "batch",
-            "solve_window",
-            "max_env_steps",
             "episodes_per_update",
             "target_every",
             "replay_capacity",
@@ -120,17 +98,8 @@ class RLConfig:
         check(0 < self.eps_base < 1 and self.eps_alpha >= 0, f"rl.eps_base must be in (0, 1), got {self.eps_base}")
         check(self.explore_steps >= 0, f"rl.explore_steps must be >= 0, got {self.explore_steps}")
         check(self.spare_actors >= 0, f"rl.spare_actors must be >= 0, got {self.spare_actors}")
-        check(self.max_lag >= 0 and self.checkpoint_every >= 0, "rl.max_lag and rl.checkpoint_every must be >= 0")
-        check(self.log_every_s > 0 and self.rpc_timeout_s > 0, "rl.log_every_s and rl.rpc_timeout_s must be > 0")
-        check(
-            self.algo == "dqn" or self.checkpoint_every == 0,
-            "rl.checkpoint_every: learner checkpoints are for dqn (reinforce keeps no replay)",
-        )
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RLConfig:
-        """What ``dataclasses.asdict`` wrote (the run folder's config.json) back into a config."""
-        return cls(**d | {"launch": LaunchConfig(**d["launch"])})
+        check(self.max_lag >= 0, f"rl.max_lag must be >= 0, got {self.max_lag}")
+        check(self.rpc_timeout_s > 0, f"rl.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
 
     @property
     def learning_rate(self) -> float:
@@ -146,3 +115,57 @@ class RLConfig:
         if env_steps is None or not self.explore_steps:
             return ladder
         return max(ladder, 1.0 - (1.0 - ladder) * env_steps / self.explore_steps)
+
+
+@dataclasses.dataclass
+class RLTrainConfig:
+    """When the job stops (solved, or out of environment steps), what it logs, and the seed."""
+
+    max_env_steps: int = 500_000
+    """Stop after this many environment steps in all (solved or not)."""
+    solve_return: float = 475.0
+    """Stop when the mean return of the last solve_window counted episodes reaches this (0: never)."""
+    solve_window: int = 100
+    """Episodes in the solved mean."""
+    eval_eps: float = 0.02
+    """Episodes of actors exploring at most this much count towards 'solved' (all actors under reinforce)."""
+    log_interval_s: float = 5.0
+    """Seconds between progress lines (and metrics.jsonl records)."""
+    seed: int = 0
+    """Environments, exploration and initialisation."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_env_steps", "solve_window"):
+            check(getattr(self, name) >= 1, f"train.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.log_interval_s > 0, f"train.log_interval_s must be > 0, got {self.log_interval_s}")
+
+
+@dataclasses.dataclass
+class RLCheckpointConfig:
+    """Learner checkpoints (dqn): the network, optimizer, replay and counters."""
+
+    interval: int = 0
+    """Save every this many updates (0: never); running the same ``--run.name`` again resumes from the newest
+    complete one."""
+
+    def __post_init__(self) -> None:
+        check(self.interval >= 0, f"checkpoint.interval must be >= 0, got {self.interval}")
+
+
+@dataclasses.dataclass
+class RLJobConfig:
+    """Actors play a gymnasium environment and send experience to one learner over RPC. Nodes: ``--launch.nnodes
+    2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` (rank 0, the learner, on node 0; actors spread over
+    the nodes)."""
+
+    rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+    train: RLTrainConfig = dataclasses.field(default_factory=RLTrainConfig)
+    checkpoint: RLCheckpointConfig = dataclasses.field(default_factory=RLCheckpointConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
+
+    def __post_init__(self) -> None:
+        check(
+            self.rl.algo == "dqn" or self.checkpoint.interval == 0,
+            "checkpoint.interval: learner checkpoints are for --rl.algo dqn (reinforce keeps no replay)",
+        )

@@ -20,7 +20,7 @@ import torch
 from torch.futures import Future
 
 from disttrain.rl import updates
-from disttrain.rl.config import RLConfig
+from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import EnvSpec
 from disttrain.rl.nets import make_net
 from disttrain.rl.replay import ReplayBuffer
@@ -44,16 +44,17 @@ class Counters:
 
 
 class Learner:
-    def __init__(self, cfg: RLConfig, spec: EnvSpec) -> None:
-        self.cfg, self.spec = cfg, spec
-        self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, cfg.seed)
+    def __init__(self, job: RLJobConfig, spec: EnvSpec) -> None:
+        cfg = job.rl
+        self.cfg, self.train, self.spec = cfg, job.train, spec  # the [rl] and [train] sections
+        self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, job.train.seed)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.acting = copy.deepcopy(self.net).requires_grad_(False)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate)
         self.replay = ReplayBuffer(
-            cfg.replay_capacity, spec.obs_dim, prioritized=cfg.prioritized, alpha=cfg.alpha, seed=cfg.seed
+            cfg.replay_capacity, spec.obs_dim, prioritized=cfg.prioritized, alpha=cfg.alpha, seed=job.train.seed
         )
-        self.c = Counters(returns=deque(maxlen=cfg.solve_window))
+        self.c = Counters(returns=deque(maxlen=job.train.solve_window))
         self.inbox: list[dict[str, Any]] = []
         self.held: list[tuple[int, int, int, Future[Reply]]] = []  # (env steps it may reach, actor, rank, answer)
         self.last_seen: dict[int, float] = {}
@@ -132,7 +133,7 @@ class Learner:
                     self.pending_episodes.append(traj)
 
     def _count(self, item: dict[str, Any]) -> None:
-        counted = item.get("eps", self.cfg.epsilon(item["actor"])) <= self.cfg.eval_eps
+        counted = item.get("eps", self.cfg.epsilon(item["actor"])) <= self.train.eval_eps
         for ret, length in item["episodes"]:
             self.c.episodes += 1
             self.c.all_returns.append(ret)
@@ -154,7 +155,7 @@ class Learner:
                 self.c.env_steps, 1
             ):
                 return False
-            beta = cfg.beta + (1.0 - cfg.beta) * min(1.0, self.c.env_steps / cfg.max_env_steps)
+            beta = cfg.beta + (1.0 - cfg.beta) * min(1.0, self.c.env_steps / self.train.max_env_steps)
             b, idx, w = self.replay.sample(cfg.batch, beta)
             loss, td = updates.dqn_step(self.net, self.target, self.opt, b, w)
             self.replay.update_priorities(idx, td)
@@ -172,8 +173,8 @@ class Learner:
             self.c.version = self.c.updates
 
     def solved(self) -> bool:
-        c, cfg = self.c, self.cfg
-        return bool(cfg.solve_return) and len(c.returns) >= cfg.solve_window and mean(c.returns) >= cfg.solve_return
+        c, t = self.c, self.train
+        return bool(t.solve_return) and len(c.returns) >= t.solve_window and mean(c.returns) >= t.solve_return
 
     def finish(self) -> None:
         with self.cond:
