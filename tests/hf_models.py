@@ -17,34 +17,18 @@ hf_logging.set_verbosity_error()  # the tiny configs' token ids lie outside the 
 VOCAB = 128
 
 
+TOKENS = {"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 0}
+"""What every tiny config shares: the vocabulary and its special ids."""
+
+
 def gpt2_config() -> GPT2Config:
-    return GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
+    shape = {"n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}
+    return GPT2Config(**TOKENS, **shape, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
 def llama_config() -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        tie_word_embeddings=True,
-    )
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    return LlamaConfig(**TOKENS, **shape, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
 
 
 def gpt2() -> nn.Module:

@@ -20,7 +20,7 @@ from disttrain.checkpoint import CheckpointManager, ModelOptimState, inspect_fol
 from disttrain.config import CheckpointConfig
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.testing.launch import together
-from disttrain.testing.tiny import tiny_config
+from disttrain.testing.tiny import tiny_cli_args, tiny_config
 
 from conftest import disttrain, run_scenario
 
@@ -28,42 +28,9 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def tiny_args(data: Path, root: Path, name: str, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--data.path",
-        str(data),
-        "--model.n-layers",
-        "2",
-        "--model.d-model",
-        "64",
-        "--model.n-heads",
-        "4",
-        "--model.context",
-        "32",
-        "--train.steps",
-        "12",
-        "--train.global-batch",
-        "16",
-        "--train.micro-batch",
-        "8",
-        "--train.eval-interval",
-        "0",
-        "--train.generate-chars",
-        "0",
-        "--precision.dtype",
-        "fp32",
-        "--metrics.log-interval",
-        "1",
-        "--metrics.peak-tflops",
-        "1",
-        "--checkpoint.interval",
-        "4",
-        "--run.root",
-        str(root),
-        "--run.name",
-        name,
-        *extra,
-    ]
+    """The tiny job for 12 steps with a checkpoint every 4, in ``root/name``."""
+    where = ["--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
+    return tiny_cli_args(data, 12, *where, *extra)
 
 
 def losses_by_step(run: Path) -> dict[int, float]:

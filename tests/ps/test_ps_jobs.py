@@ -38,6 +38,8 @@ SMALL = [
     "--ps.dense-lr",
     "0.01",
 ]
+TWO = ["--ps.trainers", "2", "--ps.servers", "2", "--train.batch", "64"]
+"""Two trainers against two servers, 64 samples each per step."""
 
 
 def ps_job(
@@ -56,20 +58,7 @@ def ps_job(
 
 # BSP over 2 trainers x 2 servers, 12 steps, server checkpoints every 4: the reference of the BSP equalities and
 # the clean run the killed runs must reproduce (one launch for both tests)
-TWO_BY_TWO = [
-    "--ps.trainers",
-    "2",
-    "--ps.servers",
-    "2",
-    "--train.batch",
-    "64",
-    "--ps.mode",
-    "bsp",
-    "--train.steps",
-    "12",
-    "--checkpoint.interval",
-    "4",
-]
+TWO_BY_TWO = [*TWO, "--ps.mode", "bsp", "--train.steps", "12", "--checkpoint.interval", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -115,19 +104,7 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
     # the same job over two "nodes" (two launchers meeting at a c10d rendezvous on this host)
     port = free_port()
     nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"127.0.0.1:{port}", "--launch.node-rank"]
-    two = [
-        *SMALL,
-        "--ps.trainers",
-        "2",
-        "--ps.servers",
-        "2",
-        "--train.batch",
-        "64",
-        "--train.steps",
-        "12",
-        "--run.root",
-        str(tmp_path / "nodes"),
-    ]
+    two = [*SMALL, *TWO, "--train.steps", "12", "--run.root", str(tmp_path / "nodes")]
     other = subprocess.Popen(
         [str(DISTTRAIN), "ps", *two, "--run.name", "n", *nodes, "1"],
         env=child_env(),
@@ -147,7 +124,7 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
 @pytest.mark.timeout(600)
 def test_ssp_keeps_its_bound_with_a_slow_trainer_and_asp_never_waits(tmp_path: Path) -> None:
     slow = {"DISTTRAIN_FAULT": "ps_slow:0:1"}  # trainer 1 sleeps 50 ms per step
-    two = ["--ps.trainers", "2", "--ps.servers", "2", "--train.batch", "64", "--train.steps", "16"]
+    two = [*TWO, "--train.steps", "16"]
     ssp, summary = ps_job(tmp_path, "ssp", *two, "--ps.mode", "ssp", "--ps.staleness", "1", env=slow)
     assert summary["max_staleness"] == 1, [r["staleness"] for r in ssp]  # ran ahead, never past the bound
     assert all(0 <= r["staleness"] <= 1 for r in ssp)

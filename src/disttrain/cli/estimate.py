@@ -6,7 +6,7 @@ May import: anything (``disttrain.cli`` is the top layer).
 
 from __future__ import annotations
 
-from disttrain.config import Flag, JobConfig, parse_command, to_toml
+from disttrain.config import Flag, JobConfig, parse_job
 
 SUMMARY = """Per-rank memory (parameters, gradients, optimizer state, gathered blocks, activations) and the predicted
 step time (compute, bytes sent per rank, communication, with and without overlap) for DDP, FSDP, FSDP without
@@ -32,11 +32,8 @@ FLAGS = (
 def main(argv: list[str]) -> int:
     from disttrain.jobs.estimate import run_estimate
 
-    line = parse_command(JobConfig, argv, "disttrain estimate", SUMMARY, FLAGS)
+    line = parse_job(JobConfig, argv, "disttrain estimate", SUMMARY, FLAGS)
     if line is None:
-        return 0
-    if line.print_config:
-        print(to_toml(line.cfg), end="")
         return 0
     f = line.flags
     return run_estimate(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disttrain.config import Flag, parse_command, to_toml
+from disttrain.config import Flag, parse_job
 from disttrain.ps.config import PSJobConfig
 
 SUMMARY = """A click-through-rate model (embedding tables + an MLP) trained by trainers against sharded parameter
@@ -16,10 +16,7 @@ FLAGS = (
 def main(argv: list[str]) -> int:
     from disttrain.jobs.ps import launch_ps
 
-    line = parse_command(PSJobConfig, argv, "disttrain ps", SUMMARY, FLAGS)
+    line = parse_job(PSJobConfig, argv, "disttrain ps", SUMMARY, FLAGS)
     if line is None:
-        return 0
-    if line.print_config:
-        print(to_toml(line.cfg), end="")
         return 0
     return launch_ps(line.cfg, plan=line.flags["plan"])

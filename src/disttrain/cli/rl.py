@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disttrain.config import parse_command, to_toml
+from disttrain.config import parse_job
 from disttrain.rl.config import RLJobConfig
 
 SUMMARY = """Actors play a gymnasium environment and send experience to one learner over torch.distributed.rpc: DQN
@@ -12,10 +12,7 @@ SUMMARY = """Actors play a gymnasium environment and send experience to one lear
 def main(argv: list[str]) -> int:
     from disttrain.jobs.rl import launch_rl
 
-    line = parse_command(RLJobConfig, argv, "disttrain rl", SUMMARY)
+    line = parse_job(RLJobConfig, argv, "disttrain rl", SUMMARY)
     if line is None:
-        return 0
-    if line.print_config:
-        print(to_toml(line.cfg), end="")
         return 0
     return launch_rl(line.cfg)

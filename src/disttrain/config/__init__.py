@@ -17,7 +17,7 @@ which reuse the run, launch and health sections) with ``job=``.
 Imports only ``disttrain.errors`` from disttrain (layer 1: everything else may import it).
 """
 
-from disttrain.config.command import COMMON_FLAGS, CommandLine, Flag, parse_command
+from disttrain.config.command import COMMON_FLAGS, CommandLine, Flag, parse_command, parse_job
 from disttrain.config.io import from_dict, load_toml, to_dict, to_toml
 from disttrain.config.job import BatchPlan, JobConfig, known_keys, resolve_batch, section_types
 from disttrain.config.overrides import apply_overrides, check_override_keys
@@ -63,6 +63,7 @@ __all__ = [
     "load_toml",
     "parse_bytes",
     "parse_command",
+    "parse_job",
     "resolve_batch",
     "section_types",
     "to_dict",

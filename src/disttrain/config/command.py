@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
-from disttrain.config.io import load_toml
+from disttrain.config.io import load_toml, to_toml
 from disttrain.config.overrides import apply_overrides, parse_dataclass
 
 J = TypeVar("J")
@@ -84,6 +84,18 @@ def parse_command(
     cfg = apply_overrides(base, rest, prog, [f.name for f in every])
     own = {f.dest: values[f.dest] for f in flags if f.key is None}
     return CommandLine(cfg, bool(values["print_config"]), own)
+
+
+def parse_job(
+    job: type[J], argv: list[str], prog: str, summary: str, flags: Sequence[Flag] = ()
+) -> CommandLine[J] | None:
+    """:func:`parse_command` for a command whose config needs no resolving to be shown: None when the line
+    was answered here (``--help`` printed, or ``--print-config``'s TOML)."""
+    line = parse_command(job, argv, prog, summary, flags)
+    if line is not None and line.print_config:
+        print(to_toml(line.cfg), end="")
+        return None
+    return line
 
 
 def describe(summary: str, flags: Sequence[Flag]) -> str:

@@ -25,6 +25,7 @@ from disttrain.ps import server
 from disttrain.ps.config import PSJobConfig
 from disttrain.ps.trainer import PSResult, PSTrainer
 from disttrain.rpc import transport
+from disttrain.testing.faults import install_if_requested
 from disttrain.utils.process import exit_now, run_and_exit
 
 
@@ -70,10 +71,7 @@ def reporter(cfg: PSJobConfig, run_dir: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
-        from disttrain.testing.faults import install
-
-        install()
+    install_if_requested()  # tests: faults on purpose, on the engines' hook points
     run_dir = Path(argv[0])
     cfg = load_toml(run_dir / "config.toml", job=PSJobConfig)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -23,6 +23,7 @@ from disttrain.rl.config import RLConfig, RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.learner import Learner, mean
 from disttrain.rpc import transport
+from disttrain.testing.faults import install_if_requested
 from disttrain.utils import hooks
 from disttrain.utils.process import run_and_exit
 
@@ -101,10 +102,7 @@ def wait_for_actors(lr: Learner, cfg: RLConfig, quiet_s: float = 10.0) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
-        from disttrain.testing.faults import install
-
-        install()
+    install_if_requested()  # tests: faults on purpose, on the engines' hook points
     run_dir = Path(argv[0])
     cfg = load_toml(run_dir / "config.toml", job=RLJobConfig)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

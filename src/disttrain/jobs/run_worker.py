@@ -32,6 +32,7 @@ from disttrain.launch.network import interface_of
 from disttrain.models.gpt import GPT
 from disttrain.parallel import strategies
 from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
+from disttrain.testing.faults import install_if_requested
 from disttrain.train.trainer import FitResult, Trainer
 from disttrain.utils.process import exit_now, say_on_console
 
@@ -221,10 +222,7 @@ def main(run_dir: str | Path) -> int:
     env = init_distributed(cfg.parallel.device, max(cfg.parallel.timeout_s, cfg.health.startup_timeout_s))
     setup_logging(run_dir, env.rank)
     try:
-        if os.environ.get("DISTTRAIN_FAULT"):  # tests: faults on purpose, on the engines' hook points
-            from disttrain.testing.faults import install
-
-            install()
+        install_if_requested()  # tests: faults on purpose, on the engines' hook points
         learn_nodes()
         return train_job(job, env, run_dir)
     except (ConfigError, CheckpointError) as e:

@@ -203,6 +203,13 @@ def install(spec: str | None = None) -> Injector:
     return injector
 
 
+def install_if_requested() -> None:
+    """What every worker entry calls first: the faults ``DISTTRAIN_FAULT`` names, and nothing (not even this
+    module's hooks) when it is unset."""
+    if os.environ.get("DISTTRAIN_FAULT"):
+        install()
+
+
 def uninstall() -> None:
     """Take every installed fault off its hook point."""
     while _INSTALLED:

@@ -18,7 +18,9 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
+
+from typing_extensions import Unpack
 
 DISTTRAIN = Path(sys.executable).with_name("disttrain")
 """The ``disttrain`` console script of this Python environment."""
@@ -68,6 +70,15 @@ def import_root(script: Path) -> Path | None:
     return None if top is None else folder
 
 
+class LaunchOptions(TypedDict, total=False):
+    """:func:`launch`'s keyword options, for the functions that pass them on."""
+
+    env: Mapping[str, str] | None
+    cwd: Path | None
+    timeout: float
+    echo: bool | Callable[[str], bool]
+
+
 def launch(
     nproc: int,
     script: Path,
@@ -113,19 +124,12 @@ def launch(
 
 
 def launch_and_collect(
-    nproc: int,
-    script: Path,
-    args: list[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    timeout: float = 600,
-    echo: bool | Callable[[str], bool] = False,
+    nproc: int, script: Path, args: list[str], **options: Unpack[LaunchOptions]
 ) -> list[dict[str, Any]]:
     """:func:`launch` ``script`` with ``--out DIR`` appended to ``args``; each rank's ``DIR/rank<r>.json``,
     in rank order."""
     with tempfile.TemporaryDirectory(prefix="disttrain-launch-") as out:
-        launch(nproc, script, [*args, "--out", out], env=env, cwd=cwd, timeout=timeout, echo=echo)
+        launch(nproc, script, [*args, "--out", out], **options)
         return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
