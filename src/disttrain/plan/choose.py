@@ -8,7 +8,6 @@ May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``d
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 from torch import nn
@@ -108,10 +107,9 @@ def resolve_here(
 ) -> ResolvedJob:
     """The resolve step of the Python API, where no parent process resolved the job: the precision for this
     device, ``auto`` from the plan of the model in hand (over several ranks), the degrees and the batch."""
-    from disttrain.parallel.env import resolve_precision
     from disttrain.parallel.mesh import ParallelDims
 
-    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+    cfg = resolved_precision(cfg, device_type)
     auto = cfg.parallel.strategy == "auto"
     strategy, reason = None, "forced by parallel.strategy" if not auto else "auto: one process"
     if auto and world > 1:

@@ -15,10 +15,10 @@ from disttrain.config import JobConfig, ResolvedJob, resolve_batch
 from disttrain.errors import ConfigError, MetaDeviceError
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
-from disttrain.parallel.env import resolve_device_type, resolve_precision
+from disttrain.parallel.env import resolve_device_type
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.plan.choose import decide
-from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory
+from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision
 from disttrain.plan.render import render
 from disttrain.resolve.inputs import check_inputs
 from disttrain.train.loss import cross_entropy
@@ -51,7 +51,7 @@ def resolve(cfg: JobConfig) -> ResolvedJob:
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
     check_imports(cfg)
     check_inputs(cfg)  # data.path and checkpoint.resume, before the plan reads the data
-    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
+    cfg = resolved_precision(cfg, device)
     choice = choose_strategy(cfg, nproc, max_nodes, device)
     dims = ParallelDims.from_config(cfg.parallel, nproc * max_nodes, nproc, choice.strategy)
     batch = resolve_batch(cfg.train, dims.dp_size)
