@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from disttrain.config import JobConfig, apply_overrides, parse_command
+from disttrain.config.doctor import DoctorJobConfig
 from disttrain.errors import ConfigError
 from disttrain.ps.config import PSJobConfig
 from disttrain.rl.config import RLJobConfig
@@ -110,14 +111,17 @@ UNKNOWN_OPTIONS = [
     (JobConfig, "disttrain estimate", ["--jsn"], "unknown option --jsn; did you mean --json?"),
     (JobConfig, "disttrain run", ["--stepz", "3"], "unknown option --stepz; did you mean --train.steps?"),
     (JobConfig, "disttrain run", ["--zzz"], "unknown option --zzz; see `disttrain run --help`"),
+    (DoctorJobConfig, "disttrain doctor", ["--quik"], "unknown option --quik; did you mean --quick?"),
+    (DoctorJobConfig, "disttrain doctor", ["--doctor.prot", "1"], "did you mean --doctor.port?"),
 ]
 
 
 @pytest.mark.parametrize(("job", "prog", "args", "expected"), UNKNOWN_OPTIONS)
 def test_an_unknown_option_names_the_closest_known_one(job: type, prog: str, args: list[str], expected: str) -> None:
-    from disttrain.cli import estimate, ps, run
+    from disttrain.cli import doctor, estimate, ps, run
 
-    flags = {"disttrain ps": ps.FLAGS, "disttrain estimate": estimate.FLAGS, "disttrain run": run.FLAGS}.get(prog, ())
+    every = {"ps": ps.FLAGS, "estimate": estimate.FLAGS, "run": run.FLAGS, "doctor": doctor.FLAGS}
+    flags = every.get(prog.split()[-1], ())
     with pytest.raises(ConfigError) as e:
         parse_command(job, args, prog, "", flags)
     assert expected in str(e.value), str(e.value)
@@ -137,16 +141,17 @@ def test_ps_rl_and_estimate_mistakes_are_one_line_before_any_worker(tmp_path: Pa
     assert not (tmp_path / "runs").exists(), "no run folder may be made for a rejected config"
 
 
-@pytest.mark.parametrize("command", ["run", "estimate", "ps", "rl"])
+@pytest.mark.parametrize("command", ["run", "estimate", "ps", "rl", "doctor"])
 def test_every_command_has_the_same_generated_help(tmp_path: Path, command: str) -> None:
     proc = disttrain(command, "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith(f"usage: disttrain {command} [-h] [OPTIONS]"), out[:200]
     assert "--config FILE" in out and "--print-config" in out and "command options" in out
-    sections = {"run": "train", "estimate": "parallel", "ps": "ps", "rl": "rl"}[command]
-    assert f"─ {sections} options ─" in out and "─ launch options ─" in out and "─ run options ─" in out
-    assert "--run.name" in out and "--launch.nnodes" in out
+    sections = {"run": "train", "estimate": "parallel", "ps": "ps", "rl": "rl", "doctor": "doctor"}[command]
+    assert f"─ {sections} options ─" in out and "─ launch options ─" in out and "--launch.nnodes" in out
+    if command != "doctor":  # a job with a run folder
+        assert "─ run options ─" in out and "--run.name" in out
 
 
 @pytest.mark.parametrize(

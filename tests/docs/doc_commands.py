@@ -9,8 +9,8 @@ SPEC.json is a list of ``{"key", "argv", "mode"}``; OUT.json maps each key to ``
 - ``measure``: ``disttrain estimate --measure ...`` with the measuring itself replaced (it starts workers per
   strategy: ~40 s; ``tests/plan/test_memory_measure.py`` runs it): the arguments and the plan run for real.
 - ``parse``: the command's own argument parser, for commands that would start workers, wait for other nodes or
-  serve forever (``doctor``, ``report``, ``launch``): it stops right after a successful parse.
-- ``ps`` / ``rl``: the command's job parsed from the arguments as the command parses it (``--config``, the
+  serve forever (``report``, ``launch``): it stops right after a successful parse.
+- ``ps`` / ``rl`` / ``doctor``: the command's job parsed from the arguments as the command parses it (``--config``, the
   ``--section.key`` options, its own flags; ``rl``: and its environment looked up).
 
 Before the commands, it makes the fixtures that need torch: ``gpt2-folder`` (a tiny Hugging Face GPT-2 written
@@ -74,6 +74,13 @@ def run_command(argv: list[str], mode: str) -> int:
         from disttrain.ps.config import PSJobConfig
 
         parse_command(PSJobConfig, argv[1:], "disttrain ps", ps.SUMMARY, ps.FLAGS)
+        return 0
+    if mode == "doctor":  # the checks start workers or wait for other nodes: the command line only
+        from disttrain.cli import doctor
+        from disttrain.config import parse_command
+        from disttrain.config.doctor import DoctorJobConfig
+
+        parse_command(DoctorJobConfig, argv[1:], "disttrain doctor", doctor.SUMMARY, doctor.FLAGS)
         return 0
     if mode == "rl":
         from disttrain.cli import rl

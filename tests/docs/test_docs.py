@@ -105,7 +105,7 @@ MISTAKES = [  # (mode, argv) that must fail: a check that passed these would che
     ("real", ["run", "--train.stepz", "3", "--print-config"]),
     ("measure", ["estimate", "--measure", "--parallel.nproc", "two"]),
     ("real", ["ckpt", "verify", "runs/nothing"]),
-    ("parse", ["doctor", "--quik"]),
+    ("doctor", ["doctor", "--quik"]),
     ("parse", ["launch", "--nnodes"]),
     ("ps", ["ps", "--ps.servrs", "2"]),
     ("ps", ["ps", "--servers", "2"]),  # the flat flags before the sections
@@ -127,12 +127,12 @@ def mode_of(cmd: DocCommand) -> tuple[str, list[str]] | None:
         return ("measure" if "--measure" in argv else "real"), argv
     if sub == "ckpt":
         return "real", argv  # against the seed checkpoint runs/r
-    if sub in ("ps", "rl"):
+    if sub in ("ps", "rl", "doctor"):  # their command line only: doctor starts workers or waits for nodes
         return sub, argv
     if sub == "launch":
         return ("real" if "--slurm" in argv else "parse"), argv  # --slurm only writes the sbatch script
-    if sub in ("doctor", "report"):
-        return "parse", argv  # doctor starts workers or waits for other nodes; report --live serves forever
+    if sub == "report":
+        return "parse", argv  # report --live serves forever
     return None
 
 
@@ -297,14 +297,15 @@ def test_every_link_between_pages_resolves() -> None:
 
 
 def test_every_option_the_docs_name_exists() -> None:
-    """``--section.key`` anywhere in the pages is a key of one of the jobs (``run``'s, ``ps``'s, ``rl``'s); on the
-    ps and rl pages every other ``--option`` is one of the command's own flags."""
+    """``--section.key`` anywhere in the pages is a key of one of the jobs (``run``, ``ps``, ``rl``, ``doctor``);
+    on the ps and rl pages every other ``--option`` is one of the command's own flags."""
     from disttrain.cli import ps
     from disttrain.config import COMMON_FLAGS, JobConfig, known_keys, section_types
+    from disttrain.config.doctor import DoctorJobConfig
     from disttrain.ps.config import PSJobConfig
     from disttrain.rl.config import RLJobConfig
 
-    jobs = (JobConfig, PSJobConfig, RLJobConfig)
+    jobs = (JobConfig, PSJobConfig, RLJobConfig, DoctorJobConfig)
     keys = {k for job in jobs for k in known_keys(job)}
     sections = {s for job in jobs for s in section_types(job)}
     unknown = []

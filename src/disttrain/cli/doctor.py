@@ -1,23 +1,32 @@
-"""``disttrain doctor``: is this machine (or cluster) ready to train."""
+"""``disttrain doctor``: is this machine (or cluster) ready to train (arguments only)."""
 
 from __future__ import annotations
 
-import argparse
+from disttrain.config import Flag, parse_job
+from disttrain.config.doctor import DoctorJobConfig
+
+SUMMARY = """Is this machine (or cluster) ready to train? Versions, devices, backends, ports, the rendezvous and
+clocks across nodes, the links' bandwidth and latency (cached for the planner), matmul and element-wise rates,
+RPC. Each check says OK, WARN or FAIL, and what to do."""
+
+FLAGS = (
+    Flag("--nproc", "local processes for the multi-process checks", "N", key="doctor.nproc", short="-n"),
+    Flag("--nnodes", "nodes taking part (run doctor on each, same --rdzv-endpoint)", "N", key="launch.nnodes"),
+    Flag("--node-rank", "this node's rank", "K", key="launch.node_rank"),
+    Flag("--rdzv-endpoint", "HOST:PORT of the rendezvous", "HOST:PORT", key="launch.rdzv_endpoint"),
+    Flag("--port", "check that this port is free", "PORT", key="doctor.port"),
+    Flag("--quick", "skip the multi-process checks (= --doctor.quick)"),
+    Flag("--json", "machine-readable output"),
+)
 
 
 def main(argv: list[str]) -> int:
     from disttrain.jobs import doctor
 
-    p = argparse.ArgumentParser(prog="disttrain doctor", description="Is this machine (or cluster) ready to train?")
-    p.add_argument("-n", "--nproc", type=int, default=None, help="local processes for the test (default: GPUs or 2)")
-    p.add_argument(
-        "--nnodes", "--launch.nnodes", default="1", help="nodes taking part (run doctor on each, same --rdzv-endpoint)"
-    )
-    p.add_argument("--node-rank", "--launch.node-rank", type=int, default=0)
-    p.add_argument("--rdzv-endpoint", "--launch.rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
-    p.add_argument("--port", type=int, default=None, help="check that this port is free")
-    p.add_argument("--quick", action="store_true", help="skip the multi-process bandwidth and RPC test")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    a = p.parse_args(argv)
-    checks = doctor.run_checks(a.nproc, a.nnodes, a.node_rank, a.rdzv_endpoint, a.port, a.quick)
-    return doctor.report(checks, a.json)
+    line = parse_job(DoctorJobConfig, argv, "disttrain doctor", SUMMARY, FLAGS)
+    if line is None:
+        return 0
+    cfg, launch = line.cfg.doctor, line.cfg.launch
+    quick = cfg.quick or bool(line.flags["quick"])
+    checks = doctor.run_checks(cfg.nproc, launch.nnodes, launch.node_rank, launch.rdzv_endpoint, cfg.port, quick)
+    return doctor.report(checks, line.flags["json"])

@@ -31,6 +31,8 @@ class Flag:
     """It takes a value, shown as this in ``--help`` (None: a switch)."""
     key: str | None = None
     """A short name for this job key ('launch.max_restarts'): its value is applied as that override."""
+    short: str | None = None
+    """A one-letter form ('-n')."""
 
     @property
     def dest(self) -> str:
@@ -64,10 +66,11 @@ def parse_command(
     every = (*COMMON_FLAGS, *flags)
     parser = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
     for f in every:
+        names = [f.short, f.name] if f.short else [f.name]
         if f.metavar is None:
-            parser.add_argument(f.name, dest=f.dest, action="store_true")
+            parser.add_argument(*names, dest=f.dest, action="store_true")
         else:
-            parser.add_argument(f.name, dest=f.dest, default=None)
+            parser.add_argument(*names, dest=f.dest, default=None)
     known, rest = parser.parse_known_args(argv)
     values = vars(known)
     for f in every:
@@ -105,7 +108,8 @@ def describe(summary: str, flags: Sequence[Flag]) -> str:
     lines = [textwrap.fill(summary, 100, initial_indent="  ", subsequent_indent="  ")]
     lines += ["", "command options:"]
     for f in flags:
-        head = f"  {f.name} {f.metavar}" if f.metavar else f"  {f.name}"
+        name = f"{f.short}, {f.name}" if f.short else f.name
+        head = f"  {name} {f.metavar}" if f.metavar else f"  {name}"
         text = f.help + (f" (= --{f.key.replace('_', '-')})" if f.key else "")
         body = textwrap.wrap(text, 100 - width)
         first = f"{head:<{width}}{body[0]}" if len(head) < width else f"{head}\n{' ' * width}{body[0]}"
