@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -18,21 +24,55 @@ from torch.utils.data import Dataset
 
 from disttrain.config import JobConfig
 from disttrain.data.text import TextData, load_text_data
-from disttrain.errors import ConfigError, MetaDeviceError
+from disttrain.errors import ConfigError, MetaDeviceError, VocabularyError
 from disttrain.models.gpt import GPT, GPTConfig
 
 
 def import_object(spec: str, what: str) -> Any:
-    """'pkg.mod:name' -> the object; ConfigError saying what failed otherwise."""
-    mod_name, _, attr = spec.partition(":")
+    """'pkg.mod:name' (importable from the current folder too, as ``python -m`` has it) or 'path/to/file.py:name'
+    -> the object; ConfigError saying what failed otherwise."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ConfigError(f"{what} {spec!r}: expected 'pkg.module:function' or 'path/to/file.py:function'")
     try:
-        mod = importlib.import_module(mod_name)
+        mod = _load_file(target) if target.endswith(".py") else _import_here(target)
+    except ConfigError as e:
+        raise ConfigError(f"{what} {spec!r}: {e}") from None
     except Exception as e:  # any import-time error in user code
-        raise ConfigError(f"{what} {spec!r}: cannot import module {mod_name!r} ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"{what} {spec!r}: cannot import module {target!r} ({type(e).__name__}: {e})") from None
     obj = getattr(mod, attr, None)
     if obj is None or not callable(obj):
-        raise ConfigError(f"{what} {spec!r}: module {mod_name!r} has no callable {attr!r}")
+        raise ConfigError(f"{what} {spec!r}: module {target!r} has no callable {attr!r}")
     return obj
+
+
+def _import_here(name: str) -> Any:
+    """``importlib.import_module`` with the current folder on the path, as ``python -m`` and torchrun have it."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
+def _load_file(path: str) -> Any:
+    """A module from a file path (relative to the current folder), loaded once per process under its stem."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ConfigError(f"file {path!r} does not exist (looked in {Path.cwd()})")
+    name = f"disttrain_user_{file.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path!r} is not a Python file that can be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def check_imports(cfg: JobConfig) -> None:
@@ -58,19 +98,17 @@ def build_model(cfg: JobConfig, vocab_size: int | None, on_meta: bool) -> nn.Mod
     if cfg.model.module:
         factory = import_object(cfg.model.module, "model.module")
         torch.manual_seed(cfg.train.seed)  # every rank (and a single process) builds the same weights
+        # build(vocab_size=...) gets the data's vocabulary when it takes one
+        takes_vocab = vocab_size is not None and "vocab_size" in inspect.signature(factory).parameters
+        kwargs = {"vocab_size": vocab_size} if takes_vocab else {}
         try:
             with torch.device("meta") if on_meta else torch.device("cpu"):
-                model = factory()
-        except Exception as e:  # user code failing under the meta device
-            if not on_meta:
-                raise
-            raise MetaDeviceError(
-                f"model.module {cfg.model.module!r} cannot be built on the meta device ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200] if str(e) else ''}); sharded strategies and the memory plan build "
-                "it there: avoid tensor data access (.item(), .tolist(), numpy) in __init__"
-            ) from None
+                model = factory(**kwargs)
+        except Exception as e:  # the user's function raised: say what, and where
+            raise build_error(cfg.model.module, e, on_meta) from None
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.module {cfg.model.module!r} returned {type(model).__name__}, not an nn.Module")
+        check_vocabulary(model, vocab_size, cfg.model.module)
         return model
     if vocab_size is None:
         raise ConfigError("the built-in GPT needs a text dataset (data.path) or a dataset with a vocab_size attribute")
@@ -78,6 +116,48 @@ def build_model(cfg: JobConfig, vocab_size: int | None, on_meta: bool) -> nn.Mod
     gcfg = GPTConfig(vocab_size, m.n_layers, m.d_model, m.n_heads, m.context, m.dropout)
     with torch.device("meta") if on_meta else torch.device("cpu"):
         return GPT(gcfg, seed=cfg.train.seed)
+
+
+def build_error(spec: str, e: Exception, on_meta: bool) -> ConfigError:
+    """What a user's build function raised, with its last frame; the meta-device advice only for an error the
+    meta device caused (tensor data read while building)."""
+    first = str(e).splitlines()[0][:200] if str(e) else ""
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ else []
+    ours = str(Path(__file__).parent)
+    # the user's own last frame, not torch's or ours under it
+    theirs = [f for f in frames if "site-packages" not in f.filename and not f.filename.startswith(ours)]
+    last = theirs or frames
+    where = f" at {last[-1].filename}:{last[-1].lineno} in {last[-1].name}" if last else ""
+    what = f"{type(e).__name__}: {first}{where}"
+    if on_meta and "meta" in str(e).lower():
+        return MetaDeviceError(
+            f"model.module {spec!r} cannot be built on the meta device ({what}); sharded strategies and the memory "
+            "plan build it there: avoid tensor data access (.item(), .tolist(), numpy) in __init__"
+        )
+    return ConfigError(f"model.module {spec!r} raised {what}")
+
+
+def input_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The embedding the token ids index: a Hugging Face model's own, else the largest ``nn.Embedding`` (a
+    position embedding is the smaller one)."""
+    get = getattr(model, "get_input_embeddings", None)
+    found = get() if callable(get) else None
+    if isinstance(found, nn.Embedding):
+        return found
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return max(embeddings, key=lambda m: m.num_embeddings, default=None)
+
+
+def check_vocabulary(model: nn.Module, vocab: int | None, spec: str) -> None:
+    """A model whose embedding has fewer rows than the data has token ids would fail with an IndexError inside
+    every rank's first forward: say so here, before any worker starts."""
+    emb = input_embedding(model)
+    if vocab is None or emb is None or emb.num_embeddings >= vocab:
+        return
+    raise VocabularyError(
+        f"model.module {spec!r} embeds {emb.num_embeddings} token ids, but the data has {vocab}; build the "
+        f"embedding with at least {vocab} rows (a build(vocab_size) parameter gets the data's vocabulary)"
+    )
 
 
 def vocab_size(train: Dataset[Any], text: TextData | None) -> int | None:

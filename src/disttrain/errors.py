@@ -15,6 +15,10 @@ class MetaDeviceError(ConfigError):
     """The model cannot be built on the meta device (sharded strategies and the memory plan need that)."""
 
 
+class VocabularyError(ConfigError):
+    """The model's input embedding has fewer rows than the data has token ids."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names the folder and what is wrong with it."""
 

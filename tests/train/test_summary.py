@@ -109,6 +109,23 @@ def test_fsdp_units_on_one_rank(one_rank_group: None) -> None:
     assert re.search(rf"^  \(root\) +GPT +{n - 3 * block:,} +1 rank ", text, re.M), text
 
 
+def test_blocks_sharded_together_are_one_unit(one_rank_group: None) -> None:
+    """`6 block(s) per FSDP unit` was followed by a list of 7 units, one block each: one truth."""
+    model = GPT(TINY)
+    parallel = ParallelConfig(strategy="fsdp", blocks_per_unit=3)
+    parallelize(model, parallel, dims=ParallelDims("fsdp", 1), device=torch.device("cpu"))
+    s = summarize(model)
+    assert [(u.name, u.cls, u.members) for u in s.units] == [
+        ("blocks.0..2", "3 x Block, one unit", ["blocks.0", "blocks.1", "blocks.2"]),
+        (ROOT, "GPT", [ROOT]),
+    ]
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    assert s.units[0].params == 3 * block
+    text = model_summary(model)
+    assert "sharding units (fully_shard): 2" in text
+    assert re.search(rf"^  blocks\.0\.\.2 +3 x Block, one unit +{3 * block:,} +1 rank ", text, re.M), text
+
+
 def test_units_render_grouped_with_their_split() -> None:
     rows = [ModuleRow("blocks", "ModuleList", 400, 400), ModuleRow("head", "Linear", 100, 100)]
     units = [ShardUnit(f"blocks.{i}", "Block", 100, 400, ranks=4, replicas=2) for i in range(4)]

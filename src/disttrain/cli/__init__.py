@@ -9,6 +9,7 @@ The top of the import graph: may import every other package; nothing imports ``c
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from disttrain.errors import CheckpointError, ConfigError
@@ -37,7 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     from disttrain.utils.process import exit_now
 
-    exit_now(_main(sys.argv[1:]))  # flushes the streams and logging first, as the workers do
+    try:
+        code = _main(sys.argv[1:])
+        sys.stdout.flush()
+    except BrokenPipeError:  # `disttrain run --help | head`: the reader is gone, which is no error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the last flush has nowhere to fail
+        code = 141  # 128 + SIGPIPE, as a shell tool ended by the pipe has it
+    exit_now(code)  # flushes the streams and logging first, as the workers do
     return 0  # not reached
 
 

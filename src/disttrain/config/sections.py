@@ -16,7 +16,8 @@ class ModelConfig:
     name: Literal["gpt"] = "gpt"
     """Built-in model (ignored when ``module`` is set)."""
     module: str | None = None
-    """Your own model as 'pkg.mod:build', a function returning an nn.Module (called with no arguments)."""
+    """Your own model as 'pkg.mod:build' (importable, or a module in the current folder) or 'path/to/file.py:build':
+    a function returning an nn.Module (called with no arguments)."""
     n_layers: int = 6
     """Transformer blocks."""
     d_model: int = 384
@@ -50,7 +51,7 @@ class ModelConfig:
         if self.module is not None:
             check(
                 ":" in self.module,
-                f"model.module must look like 'pkg.mod:function', got {self.module!r}",
+                f"model.module must look like 'pkg.mod:function' or 'path/to/file.py:function', got {self.module!r}",
             )
 
 
@@ -61,8 +62,8 @@ class DataConfig:
     path: str | None = None
     """A UTF-8 text file to train on, character-level (default: the bundled Shakespeare corpus)."""
     module: str | None = None
-    """Your own dataset as 'pkg.mod:build': returns a map-style dataset of (input, target) pairs,
-    or a (train, val) pair of them."""
+    """Your own dataset as 'pkg.mod:build' (or 'path/to/file.py:build'): returns a map-style dataset of (input,
+    target) pairs, or a (train, val) pair of them."""
     val_fraction: float = 0.1
     """Share of the text held out for evaluation (the tail of the corpus)."""
 
@@ -78,7 +79,7 @@ class DataConfig:
         if self.module is not None:
             check(
                 ":" in self.module,
-                f"data.module must look like 'pkg.mod:function', got {self.module!r}",
+                f"data.module must look like 'pkg.mod:function' or 'path/to/file.py:function', got {self.module!r}",
             )
 
 

@@ -28,6 +28,10 @@ def read_text(path: str | Path | None = None) -> str:
         data = resources.files("disttrain.data").joinpath(BUNDLED_CORPUS).read_bytes()
         return gzip.decompress(data).decode("utf-8")
     p = Path(path)
+    if p.is_dir():
+        texts = sorted(str(f.relative_to(p)) for f in p.iterdir() if f.is_file())[:3]
+        some = f" (it holds {', '.join(texts)}{', ...' if len(texts) == 3 else ''})" if texts else " (empty)"
+        raise ConfigError(f"data.path {str(p)!r} is a folder{some}; pass one UTF-8 text file, e.g. {p / 'input.txt'}")
     if not p.is_file():
         raise ConfigError(f"data.path {str(p)!r} does not exist; pass a UTF-8 text file")
     try:

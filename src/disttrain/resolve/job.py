@@ -12,7 +12,7 @@ from typing import Any
 
 from disttrain.build import check_imports
 from disttrain.config import JobConfig, ResolvedJob, resolve_batch
-from disttrain.errors import ConfigError, MetaDeviceError
+from disttrain.errors import ConfigError, MetaDeviceError, VocabularyError
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type
@@ -46,7 +46,7 @@ def resolve(cfg: JobConfig) -> ResolvedJob:
     if cfg.checkpoint.create_seed:  # initialise once, on one process, whatever the job will later use
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, nproc=1, strategy="single"))
     _check_offload(cfg)
-    nproc = cfg.parallel.nproc or default_nproc(device)
+    nproc = cfg.parallel.nproc or _default_nproc(cfg, device)
     check_nproc(nproc, device, cfg.parallel.oversubscribe)
     max_nodes = int(cfg.launch.nnodes.split(":")[-1])
     check_imports(cfg)
@@ -72,6 +72,14 @@ def resolve(cfg: JobConfig) -> ResolvedJob:
     )
 
 
+def _default_nproc(cfg: JobConfig, device: str) -> int:
+    """Processes when the user named none: one for a strategy that runs alone (``single``), else every device."""
+    forced = cfg.parallel.strategy
+    if forced != "auto" and strategies.get(forced).alone:
+        return 1
+    return default_nproc(device)
+
+
 def _check_offload(cfg: JobConfig) -> None:
     forced = cfg.parallel.strategy
     if cfg.parallel.offload and forced != "auto" and not strategies.get(forced).shards_parameters:
@@ -95,7 +103,8 @@ def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> Str
         est = plan_job(cfg, layout, cross_entropy)
     except ConfigError as e:
         forced = cfg.parallel.strategy
-        if forced == "auto" or (isinstance(e, MetaDeviceError) and strategies.get(forced).shards_parameters):
+        meta = isinstance(e, MetaDeviceError) and strategies.get(forced).shards_parameters
+        if forced == "auto" or meta or isinstance(e, VocabularyError):  # errors of the job, not of the plan
             raise
         print(f"disttrain: warning: no memory plan ({e})", file=sys.stderr)
         return StrategyChoice(strategies.resolve_name(forced, nproc * nnodes), "forced; no memory plan")

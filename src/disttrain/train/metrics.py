@@ -7,6 +7,7 @@ else a table of known GPUs (dense bf16), else a matmul measured here on this dev
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
 from pathlib import Path
@@ -22,6 +23,9 @@ from disttrain.models.outputs import logits_of
 from disttrain.utils.peak import GPU_PEAK_TFLOPS, gpu_peak_tflops, measure_matmul_tflops, peak_tflops
 
 __all__ = ["GPU_PEAK_TFLOPS", "gpu_peak_tflops", "measure_matmul_tflops", "peak_tflops"]
+
+
+log = logging.getLogger("disttrain")
 
 
 def flops_per_sample(model: nn.Module, sample_input: torch.Tensor) -> float:
@@ -92,6 +96,8 @@ class Console:
     """Rank 0's view of progress: a rich bar on a terminal, plain lines otherwise (or nothing)."""
 
     def __init__(self, enabled: bool, total: int, start: int, mode: str = "auto", stream: TextIO | None = None):
+        self.logs = enabled
+        """Every line also goes to the ``disttrain`` log (``logs/rank0.log`` under ``disttrain run``), shown or not."""
         self.enabled = enabled and mode != "off"
         self.stream = stream or sys.stdout
         self.total = total
@@ -112,28 +118,31 @@ class Console:
             self.bar.start()
 
     def step(self, step: int, record: dict[str, Any] | None) -> None:
+        line = None if record is None else self.line(step, record)
+        if line is not None and self.logs:
+            log.info(line)
         if not self.enabled:
             return
-        if self.bar is not None:
-            info = (
-                ""
-                if record is None
-                else (
-                    f"loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.1f}%"
-                )
-            )
-            if info:
-                self.bar.update(self.task, completed=step, info=info)
-            else:
-                self.bar.update(self.task, completed=step)
+        if self.bar is None:
+            if line is not None:
+                print(line, file=self.stream, flush=True)
         elif record is not None:
-            self.print(
-                f"step {step:>6}/{self.total} | loss {record['loss']:.4f} | gnorm {record['grad_norm']:.3f} | "
-                f"lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.1f}% | "
-                f"{record['step_time_s'] * 1000:.0f} ms/step"
-            )
+            info = f"loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.1f}%"
+            self.bar.update(self.task, completed=step, info=info)
+        else:
+            self.bar.update(self.task, completed=step)
+
+    def line(self, step: int, record: dict[str, Any]) -> str:
+        """One step's plain line."""
+        return (
+            f"step {step:>6}/{self.total} | loss {record['loss']:.4f} | gnorm {record['grad_norm']:.3f} | "
+            f"lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.1f}% | "
+            f"{record['step_time_s'] * 1000:.0f} ms/step"
+        )
 
     def print(self, msg: str) -> None:
+        if self.logs:
+            log.info(msg)
         if not self.enabled:
             return
         if self.bar is not None:

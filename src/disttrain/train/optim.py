@@ -44,6 +44,18 @@ def lr_lambda(cfg: JobConfig) -> Callable[[int], float]:
     return f
 
 
+def warmup_warning(cfg: JobConfig) -> str | None:
+    """A line for a run shorter than its warmup: its learning rate never reaches ``optim.lr``."""
+    warm, steps = cfg.optim.warmup_steps, cfg.train.steps
+    if steps >= warm:
+        return None
+    return (
+        f"warning: optim.warmup_steps ({warm}) is longer than train.steps ({steps}): the learning rate stops at "
+        f"{steps / warm:.0%} of optim.lr ({cfg.optim.lr:g}); use --optim.warmup-steps {max(steps // 10, 0)} (or fewer)"
+        " to reach it"
+    )
+
+
 def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
     if dtype != "fp16":

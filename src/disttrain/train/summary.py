@@ -47,6 +47,8 @@ class ShardUnit:
     """Ranks each of its parameters is split over (the mesh dimensions its DTensors are sharded on)."""
     replicas: int = 1
     """Copies of that split (HSDP's replica groups: the mesh dimensions its DTensors are replicated on)."""
+    members: list[str] = field(default_factory=list)
+    """The modules sharded together as this unit (one, unless ``fully_shard`` was given a list)."""
 
 
 @dataclass
@@ -106,19 +108,30 @@ def summarize(model: nn.Module, world_size: int = 1) -> ModelSummary:
 
 
 def find_units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> list[ShardUnit]:
-    """The ``fully_shard`` modules in definition order, each with the parameters it owns."""
-    found = {
-        name: ShardUnit(name or ROOT, class_name(m)) for name, m in model.named_modules() if isinstance(m, FSDPModule)
-    }
+    """The ``fully_shard`` units in definition order, each with the parameters it owns. Modules sharded together
+    (``fully_shard`` of a list: ``parallel.blocks_per_unit`` > 1) share one FSDP state and are one unit."""
+    by_state: dict[int, ShardUnit] = {}
+    unit_of: dict[str, ShardUnit] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        state = id(m._get_fsdp_state())
+        unit = by_state.setdefault(state, ShardUnit(name or ROOT, class_name(m)))
+        unit.members.append(name or ROOT)
+        unit_of[name] = unit
     for name, p in params:
-        key = owner(name, list(found))
+        key = owner(name, list(unit_of))
         if key is None:  # outside every unit (a root that was not wrapped)
             continue
-        unit = found[key]
+        unit = unit_of[key]
         unit.params += p.numel()
         unit.nbytes += p.numel() * p.element_size()
         unit.ranks, unit.replicas = split(p)
-    units = list(found.values())
+    units = list(by_state.values())
+    for u in units:
+        if len(u.members) > 1:  # blocks.0, blocks.1, blocks.2 sharded together: blocks.0..2, 3 x Block, one unit
+            last = u.members[-1].rpartition(".")[2]
+            u.name, u.cls = f"{u.members[0]}..{last}", f"{len(u.members)} x {u.cls}, one unit"
     return units[1:] + units[:1] if units and units[0].name == ROOT else units  # the root last: what is left
 
 

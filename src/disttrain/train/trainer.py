@@ -42,7 +42,7 @@ from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.plan.choose import resolve_here
 from disttrain.train import metrics as M
 from disttrain.train.loss import LossFn, Objective, cross_entropy
-from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler
+from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler, warmup_warning
 from disttrain.train.progress import FitResult, Progress, StepFigures, Throughput
 from disttrain.utils import hooks
 from disttrain.utils.gc import GarbageCollection
@@ -366,6 +366,8 @@ class Trainer:
         )
         if self.job.auto:
             progress.print(f"strategy {self.dims.strategy}: {self.job.reason}")
+        if warning := warmup_warning(self.cfg):
+            progress.print(warning)
         if progress.console.enabled:
             progress.print(model_summary(self.model.inner, env.world_size))
         if resumed is not None:

@@ -46,6 +46,8 @@ class Strategy:
     """Parameters, gradients and optimizer state are sharded (the model is built on the meta device)."""
     casts_parameters: ClassVar[bool] = False
     """The wrapper runs the compute in low precision itself (FSDP's mixed-precision policy): no autocast."""
+    alone: ClassVar[bool] = False
+    """Runs in one process (``parallel.nproc`` defaults to 1 for it, not to every device)."""
     across_nodes_only: ClassVar[bool] = False
     """Differs from a simpler strategy only across several nodes of several ranks (HSDP; on one node it is
     FSDP), so the plan considers it only there."""

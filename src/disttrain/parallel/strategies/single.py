@@ -8,6 +8,7 @@ from disttrain.parallel.strategies.base import Strategy
 
 class Single(Strategy):
     name = "single"
+    alone = True
 
     def degrees(self, world: int, replicate: int, shard: int, local_world: int | None) -> tuple[int, int]:
         if world != 1:
