@@ -125,3 +125,18 @@ def test_a_build_that_raises_is_named_with_its_own_frame(tmp_path: Path) -> None
     )
     assert_one_line_error(proc, "model.module 'broken:build' raised KeyError: 'd_model'", "broken.py:3 in build")
     assert "meta" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_hf_export_that_cannot_name_its_config_says_so(tmp_path: Path, small_text: Path) -> None:
+    """`ckpt export --format hf` without --config-from wrote a folder from_pretrained cannot load, silently."""
+    seed = ["run", "--data.path", str(small_text), "--model.n-layers", "1", "--model.d-model", "32"]
+    proc = disttrain(
+        *seed, "--model.n-heads", "2", "--checkpoint.create-seed", "--run.root", str(tmp_path), "--run.name", "s"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    export = disttrain("ckpt", "export", str(tmp_path / "s"), "--format", "hf", cwd=tmp_path)
+    assert_one_line_error(
+        export, "--format hf needs the model's config.json", "it named no model.weights", "--config-from"
+    )
+    assert not (tmp_path / "s" / "hf").exists()  # nothing half-written

@@ -273,6 +273,10 @@ def test_a_run_exports_to_a_folder_from_pretrained_loads(tmp_path: Path, small_t
     saved = load_model_weights(find_checkpoint(tmp_path / "hf", None))
     for name, p in model.state_dict().items():
         assert torch.equal(p, saved[name]), name
+    # without --config-from, the config comes from the pretrained folder the run started from
+    again = disttrain("ckpt", "export", str(tmp_path / "hf"), "--format", "hf", "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "again").config.n_embd == model.config.n_embd
     start = transformers.GPT2LMHeadModel.from_pretrained(weights_dir).transformer.h[0].mlp.c_fc.weight
     assert not torch.equal(saved["transformer.h.0.mlp.c_fc.weight"], start)  # trained from the weights
     assert json.loads((out / "config.json").read_text())["n_embd"] == 64

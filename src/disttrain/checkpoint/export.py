@@ -89,6 +89,27 @@ def load_model_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
 
 
+def hf_config_of_run(run: Path) -> Path:
+    """Where a run's Hugging Face ``config.json`` comes from when ``--config-from`` is not given: the pretrained
+    folder the run started from (``model.weights``); a ConfigError naming what is missing otherwise (a folder
+    without a config.json is one ``from_pretrained`` cannot load)."""
+    import tomllib
+
+    weights = None
+    if (run / "config.toml").is_file():
+        weights = tomllib.loads((run / "config.toml").read_text()).get("model", {}).get("weights")
+    folder = Path(weights) if weights else None
+    if folder is not None and not folder.is_dir():
+        folder = folder.parent
+    if folder is not None and (folder / "config.json").is_file():
+        return folder
+    started = f"it started from {weights}, which has no config.json" if weights else "it named no model.weights"
+    raise ConfigError(
+        f"--format hf needs the model's config.json and {run} does not say where it is ({started}); pass "
+        "--config-from FOLDER (a save_pretrained folder of the same model, e.g. the one it came from)"
+    )
+
+
 def export(
     path: Path,
     step: int | None = None,
@@ -119,7 +140,7 @@ def export(
     run = ckpt.resolve().parent.parent
     if fmt == "hf":
         cast = {k: v.to(DTYPES[dtype]) for k, v in weights.items()}
-        target = export_hf_folder(cast, out or run / "hf", config_from)
+        target = export_hf_folder(cast, out or run / "hf", config_from or hf_config_of_run(run))
     else:
         target = write_weights(weights, out or run / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}", dtype)
     n = sum(t.numel() for t in weights.values())
