@@ -275,3 +275,29 @@ def test_background_nice_out_of_range_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"checkpoint.background_nice must be a niceness from 0 to 19, got 25"):
         CheckpointConfig(background_nice=25)
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("this would have run",))
+
+
+def test_a_planted_rng_file_is_refused_in_one_line_that_names_it(tmp_path: Path) -> None:
+    """rng/rank0.pt that is no tensor file: torch's multi-line advice to load it with weights_only=False was
+    printed; now one line names the file, why, and what to resume from instead."""
+    import pickle
+
+    from disttrain.checkpoint.layout import CheckpointInfo
+    from disttrain.checkpoint.manager import CheckpointManager
+    from disttrain.config import CheckpointConfig
+    from disttrain.errors import CheckpointError
+
+    step = tmp_path / "step-00000008"
+    (step / "rng").mkdir(parents=True)
+    (step / "rng" / "rank0.pt").write_bytes(pickle.dumps(_RunsCode()))
+    manager = CheckpointManager(tmp_path, CheckpointConfig())
+    with pytest.raises(CheckpointError) as e:
+        manager._load_rng(step / "rng" / "rank0.pt", CheckpointInfo(step, 8, True, None, {}))
+    message = str(e.value)
+    assert message.startswith("rng/rank0.pt refused: not a plain tensor file, damaged or tampered"), message
+    assert "\n" not in message and "weights_only` set to `False" not in message and "no other complete" in message

@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -343,7 +344,7 @@ class CheckpointManager:
             rng_file = info.path / RNG_FILE.format(self.rank)
             same_world = (info.manifest or {}).get("world_size") == self.world_size
             if same_world and rng_file.is_file():
-                set_rng_state(torch.load(rng_file, weights_only=True))
+                set_rng_state(self._load_rng(rng_file, info))
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             error = "; ".join(f"{type(x).__name__}: {x}" for _, x in _failures(e))
         errors = [error]
@@ -354,6 +355,29 @@ class CheckpointManager:
         if failed:
             raise CheckpointError(f"{info.path}: loading failed ({'; '.join(failed)})")
         return info.step
+
+    def _load_rng(self, rng_file: Path, info: CheckpointInfo) -> Any:
+        """This rank's RNG state, read ``weights_only``: a file that is no plain tensor file (damaged or tampered)
+        is refused in one line that names it and the checkpoints that can be used instead."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's note on the pickle protocol of the file it refuses
+                return torch.load(rng_file, weights_only=True)
+        except Exception as e:
+            # torch's message advises weights_only=False (running the file's code): only the reason is kept
+            found = re.search(r"WeightsUnpickler error:\s*(.+?)(\n\n|$)", str(e), re.S)
+            lines = str(e).strip().splitlines()
+            why = (found.group(1).strip() if found else lines[0] if lines else type(e).__name__)[:160]
+            others = [c.step for c in list_checkpoints(self.folder) if c.usable and c.step != info.step]
+            instead = (
+                f"resume from step {others[-1]} instead (--checkpoint.resume {others[-1]})"
+                if others
+                else ("no other complete checkpoint is here")
+            )
+            raise CheckpointError(
+                f"{rng_file.relative_to(info.path)} refused: not a plain tensor file, damaged or tampered "
+                f"({type(e).__name__}: {why}); {instead}"
+            ) from None
 
     # ---- shutdown ----
     def close(self) -> None:
