@@ -18,6 +18,7 @@ from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel.strategies import COLUMNS as STRATEGY_COLUMNS
 from disttrain.plan.choose import tuned_parallel
 from disttrain.plan.estimate import (
+    AUTO_COLUMNS,
     Estimate,
     Layout,
     advice,
@@ -66,7 +67,7 @@ def run_estimate(
     text = render(est)
     if explain:
         text += "\n\n" + explain_plan(est, cfg)
-    if not any(est.fits.values()):
+    if not any(est.fits[c] for c in AUTO_COLUMNS):  # what `auto` chooses from: offload is a fix, not a choice
         out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
         text += f"\nto fit: {out['advice']}"
     if measure:

@@ -53,7 +53,9 @@ def fast_bf16(device_type: str) -> bool:
     """Whether bf16 matmuls run faster than fp32 here: GPUs with bf16, CPUs with AMX or AVX512-BF16
     (elsewhere torch emulates bf16 on the CPU, about 50-100x slower than fp32)."""
     if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        if not torch.cuda.is_available():  # planning for GPUs from a machine without one (`estimate`)
+            return True  # the GPUs jobs are planned for (Ampere and later: A100, H100, H200) compute bf16
+        return torch.cuda.is_bf16_supported()
     return cpu_has_fast_bf16()
 
 

@@ -254,7 +254,13 @@ def recommend(est: Estimate) -> tuple[str, str]:
         return "single", f"one process: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
     cols = [c for c in AUTO_COLUMNS if est.fits[c] and COLUMNS[c].distinct_at(lay.nproc, lay.nnodes)]
     if not cols:
-        return "fsdp", f"nothing fits: {ddp} and FSDP {fmt_bytes(p['fsdp'].total)}, but only {usable}"
+        offload = p["fsdp_offload"]
+        also = (
+            f"; FSDP with --parallel.offload fits ({fmt_bytes(offload.total)} on the device)"
+            if est.fits["fsdp_offload"]
+            else ""
+        )
+        return "fsdp", f"nothing fits: {ddp} and FSDP {fmt_bytes(p['fsdp'].total)}, but only {usable}{also}"
     ranked = sorted(cols, key=lambda c: t[c].predicted_s)
     # within NEAR_BEST of the fastest is a tie (as for groupings): it goes to the simplest, in AUTO_COLUMNS' order
     best = next(c for c in cols if t[c].predicted_s <= t[ranked[0]].predicted_s * (1 + NEAR_BEST))

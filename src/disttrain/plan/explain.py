@@ -54,10 +54,16 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
             f"{fmt_bytes(total):>10} {'yes' if total <= lay.budget else 'NO':>4}"
         )
     chosen = est.times[col].blocks_per_unit
-    lines.append(
-        f"chosen: {chosen} block(s) per unit — the fewest within {NEAR_BEST:.0%} of the fastest grouping that "
-        "fits (fewer blocks per unit gather less memory at once and leave more to overlap)"
-    )
+    if len(tried) == 1:
+        why = "set by parallel.blocks_per_unit"
+    elif any(total <= lay.budget for total in est.grouping_bytes[col].values()):
+        why = (
+            f"the fewest within {NEAR_BEST:.0%} of the fastest grouping that fits (fewer blocks per unit gather "
+            "less memory at once and leave more to overlap)"
+        )
+    else:
+        why = "no grouping fits, so the one that gathers the least at once (see `to fit` below)"
+    lines.append(f"chosen: {chosen} block(s) per unit — {why}")
     lines.append(_root_units(est, cfg, shard, chosen))
     return "\n".join(lines)
 

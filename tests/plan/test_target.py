@@ -1,0 +1,36 @@
+"""Planning a GPU cluster from a machine without GPUs gives the plan a GPU machine would (issue 27): precision
+``auto`` is decided for the target device, and a plan where only offload fits says how to fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import disttrain
+
+pytestmark = pytest.mark.timeout(120)
+GIB = 2**30
+# a 64B model on 4 nodes of 8 GPUs with 80 GiB each, planned from this CPU machine
+CLUSTER = ["--parallel.nproc", "8", "--launch.nnodes", "4", "--parallel.device-memory", "80GiB"]
+CLUSTER += ["--parallel.device", "cuda", "--model.n-layers", "80", "--model.d-model", "8192", "--model.n-heads", "64"]
+
+
+def test_a_gpu_cluster_is_planned_in_bf16_from_a_cpu_machine() -> None:
+    text, js = (disttrain("estimate", *CLUSTER, *extra) for extra in ([], ["--json"]))
+    assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
+    assert "bf16 compute" in text.stdout, text.stdout[:400]  # was fp32: auto decided for the laptop
+    out = json.loads(js.stdout)
+    fsdp = out["strategies"]["fsdp"]
+    assert round(fsdp["total"] / GIB, 2) == 80.37 and not fsdp["fits"]
+    assert round(out["step_time"]["fsdp"]["sent_inter"] / GIB, 2) == 463.63
+    # only offload fits: the recommendation and a `to fit` line say so (it once said `nothing fits`, no fix)
+    assert out["strategies"]["fsdp_offload"]["fits"]
+    assert "FSDP with --parallel.offload fits (50.36 GiB on the device)" in out["recommendation"]["reason"]
+    assert "to fit: --parallel.activation_checkpointing full" in text.stdout
+
+
+def test_explain_does_not_call_a_grouping_that_does_not_fit_one_that_fits() -> None:
+    proc = disttrain("estimate", *CLUSTER, "--explain")
+    assert proc.returncode == 0, proc.stderr
+    assert "chosen: 1 block(s) per unit — no grouping fits" in proc.stdout, proc.stdout[-3000:]
