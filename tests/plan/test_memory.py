@@ -154,15 +154,16 @@ def test_forced_strategy_that_cannot_fit_asks_for_force() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512 MiB", 512 * 2**20), ("1000", 1000)]
+    ("text", "value"), [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512 MiB", 512 * 2**20), ("1000B", 1000)]
 )
 def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("bad", ["abc", "80 GiBs", "-1GB", "0"])
+@pytest.mark.parametrize("bad", ["abc", "80 GiBs", "-1GB", "0", "80", "1000"])
 def test_parse_bytes_rejects(bad: str) -> None:
-    with pytest.raises(ConfigError, match=r"e\.g\. 80GiB"):
+    """A size without a unit (`80`: bytes? GiB?) is an error that names the units."""
+    with pytest.raises(ConfigError, match=r"e\.g\. 80GiB.*units: B, kB/KiB"):
         parse_bytes(bad)
 
 

@@ -34,3 +34,13 @@ def test_explain_does_not_call_a_grouping_that_does_not_fit_one_that_fits() -> N
     proc = disttrain("estimate", *CLUSTER, "--explain")
     assert proc.returncode == 0, proc.stderr
     assert "chosen: 1 block(s) per unit — no grouping fits" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_bandwidth_or_a_memory_without_a_unit_is_an_error() -> None:
+    """`--bandwidth 25` was read as 25 bytes/s (1.3e+06 s/step, exit 0)."""
+    bandwidth = disttrain("estimate", "--bandwidth", "25")
+    assert (
+        bandwidth.returncode == 2 and "cannot read '25' as a bandwidth; write a number and a unit" in bandwidth.stderr
+    )
+    memory = disttrain("estimate", "--parallel.device-memory", "80")
+    assert memory.returncode == 2 and "cannot read '80' as a size" in memory.stderr and "GB/GiB" in memory.stderr

@@ -20,7 +20,6 @@ def check(cond: bool, msg: str) -> None:
 
 
 _UNITS = {
-    "": 1,
     "b": 1,
     "k": 10**3,
     "kb": 10**3,
@@ -38,12 +37,14 @@ _UNITS = {
 
 
 def parse_bytes(text: str, what: str = "memory size") -> int:
-    """'80GiB', '512MB', '1.5T', '1000000' -> bytes; ConfigError saying the accepted forms otherwise."""
+    """'80GiB', '512MB', '1.5T', '1000B' -> bytes; ConfigError saying the accepted forms otherwise. A number without
+    a unit is an error: '80' could mean bytes or GiB, and a plan made with the wrong one is silently useless."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS or float(m.group(1)) <= 0:
         raise ConfigError(
-            f"{what}: cannot read {text!r} as a size; write a number and a unit, e.g. 80GiB, 24GB, 512MiB"
+            f"{what}: cannot read {text!r} as a size; write a number and a unit, e.g. 80GiB, 24GB, 512MiB "
+            "(units: B, kB/KiB, MB/MiB, GB/GiB, TB/TiB)"
         )
     return int(float(m.group(1)) * _UNITS[unit])
 

@@ -226,19 +226,20 @@ def _weighted_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 _PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _BANDWIDTH = re.compile(
     r"\s*(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*"
-    r"(?:(?P<prefix>[kKmMgGtT]i?)?(?P<unit>B|bits?|b)(?:/s|ps)?)?\s*"
+    r"(?:(?P<prefix>[kKmMgGtT]i?)?(?P<unit>B|bits?|b)(?:/s|ps)?)\s*"
 )
 
 
 def parse_bandwidth(text: str, what: str) -> float:
-    """'25GB/s', '25GiB/s', '100Gbit/s' (or '100Gb/s', '100Gbps'), '800Mbit/s' or bytes per second ('1.5e9') ->
-    bytes per second. ``B`` is a byte, ``b`` and ``bit`` a bit, as network links are rated."""
+    """'25GB/s', '25GiB/s', '100Gbit/s' (or '100Gb/s', '100Gbps'), '800Mbit/s', '1.5e9B/s' -> bytes per second.
+    ``B`` is a byte, ``b`` and ``bit`` a bit, as network links are rated. A number without a unit is an error
+    ('25' was once read as 25 bytes/s and planned a step of 15 days)."""
     m = _BANDWIDTH.fullmatch(text)
     value = float(m.group("num")) if m else 0.0
     if m is None or not 0 < value < float("inf"):
         raise ConfigError(
-            f"{what}: cannot read {text!r} as a bandwidth; write e.g. 25GB/s or 12.5GiB/s (bytes per second), "
-            "100Gbit/s (bits per second) or 1.5e9 (bytes per second)"
+            f"{what}: cannot read {text!r} as a bandwidth; write a number and a unit, e.g. 25GB/s or 12.5GiB/s "
+            "(bytes per second) or 100Gbit/s (bits per second)"
         )
     scale = _PREFIX[(m.group("prefix") or "").lower()]
     return value * scale / (8 if m.group("unit") in ("b", "bit", "bits") else 1)
