@@ -265,3 +265,12 @@ def test_estimate_measure_keeps_the_median_efficiency_of_its_recent_runs() -> No
     cached = load_machine()
     assert cached is not None and cached.efficiency_runs["fp32"] == pytest.approx([0.6, 0.7, 0.9, 0.9, 0.9])
     assert cached.efficiency["fp32"] == pytest.approx(0.9)
+    # faster than the peak: the machine's figures are off, and the run says so instead of learning 1.2
+    line = run(1.2)
+    assert "ran at 1.20 of the fp32 matmul peak, above what the peak allows" in line and "not kept" in line, line
+    assert load_machine().efficiency["fp32"] == pytest.approx(0.9)  # type: ignore[union-attr]
+    # what was learned is visible and can be reset
+    from disttrain.plan.timing import forget_efficiency
+
+    assert forget_efficiency().startswith("reset the learned compute efficiency (fp32: 5 run(s), 0.90)")
+    assert load_machine().efficiency == {} and forget_efficiency().startswith("no learned")  # type: ignore[union-attr]

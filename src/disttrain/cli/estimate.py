@@ -26,6 +26,7 @@ FLAGS = (
         "BW",
     ),
     Flag("--inter-node-bandwidth", "one rank's link across nodes, e.g. 100Gbit/s", "BW"),
+    Flag("--reset-measurements", "forget the compute efficiency earlier --measure runs taught the plan here"),
 )
 
 
@@ -36,6 +37,10 @@ def main(argv: list[str]) -> int:
     if line is None:
         return 0
     f = line.flags
+    if f["reset_measurements"]:
+        from disttrain.plan.timing import forget_efficiency
+
+        print(forget_efficiency())
     return run_estimate(
         line.cfg,
         as_json=f["json"],

@@ -120,6 +120,12 @@ def learn_efficiency(est: Estimate, measured: dict[str, Any]) -> str:
     if not effs:
         return ""
     now = sorted(effs)[len(effs) // 2]
+    if now > 1.0:  # faster than the peak allows: the model of this machine is wrong, not the efficiency
+        return (
+            f"compute efficiency: these steps ran at {now:.2f} of the {est.profile.compute_dtype} matmul peak, above "
+            "what the peak allows: the plan's figures for this machine are off (a peak measured low, or element-wise "
+            "and framework time counted high); not kept. `disttrain doctor` measures the peak and rates again"
+        )
     used = remember_efficiency(m, est.profile.compute_dtype, now)
     return (
         f"compute efficiency: these steps reached {now:.2f} of the {est.profile.compute_dtype} matmul peak; "

@@ -200,6 +200,19 @@ def remember_efficiency(machine: Machine, dtype: str, efficiency: float) -> floa
     return used
 
 
+def forget_efficiency() -> str:
+    """``estimate --reset-measurements``: drop the compute efficiency learned from measured runs on this machine
+    (later plans use the default again); the line that says what was dropped."""
+    import dataclasses
+
+    prof = load_machine()
+    if prof is None or not prof.efficiency_runs:
+        return "no learned compute efficiency to reset on this machine"
+    runs = ", ".join(f"{d}: {len(v)} run(s), {prof.efficiency.get(d, 0):.2f}" for d, v in prof.efficiency_runs.items())
+    path = save_machine(dataclasses.replace(prof, efficiency={}, efficiency_runs={}))
+    return f"reset the learned compute efficiency ({runs}) in {path}; plans use the default again"
+
+
 def _measure_cpu_peak(dtype: str) -> float:
     import torch
 
