@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from disttrain.config import JobConfig
 from disttrain.data.text import TextData, load_text_data
-from disttrain.errors import ConfigError, MetaDeviceError, VocabularyError
+from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, VocabularyError
 from disttrain.models.gpt import GPT, GPTConfig
 
 
@@ -134,18 +134,19 @@ def build_error(spec: str, e: Exception, on_meta: bool) -> ConfigError:
             f"model.module {spec!r} cannot be built on the meta device ({what}); sharded strategies and the memory "
             "plan build it there: avoid tensor data access (.item(), .tolist(), numpy) in __init__"
         )
-    return ConfigError(f"model.module {spec!r} raised {what}")
+    return ModelBuildError(f"model.module {spec!r} raised {what}")
 
 
 def input_embedding(model: nn.Module) -> nn.Embedding | None:
-    """The embedding the token ids index: a Hugging Face model's own, else the largest ``nn.Embedding`` (a
-    position embedding is the smaller one)."""
+    """The embedding the token ids index: the model's own answer (``get_input_embeddings``, as Hugging Face models
+    and the built-in GPT have it), else the first ``nn.Embedding`` not named for positions."""
     get = getattr(model, "get_input_embeddings", None)
     found = get() if callable(get) else None
     if isinstance(found, nn.Embedding):
         return found
-    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    return max(embeddings, key=lambda m: m.num_embeddings, default=None)
+    named = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    tokens = [m for n, m in named if not any(w in n.rsplit(".", 1)[-1].lower() for w in ("pos", "wpe"))]
+    return tokens[0] if tokens else None
 
 
 def check_vocabulary(model: nn.Module, vocab: int | None, spec: str) -> None:

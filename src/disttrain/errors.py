@@ -15,6 +15,10 @@ class MetaDeviceError(ConfigError):
     """The model cannot be built on the meta device (sharded strategies and the memory plan need that)."""
 
 
+class ModelBuildError(ConfigError):
+    """The user's model function raised (anywhere, not only on the meta device)."""
+
+
 class VocabularyError(ConfigError):
     """The model's input embedding has fewer rows than the data has token ids."""
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, TESTS, disttrain
+from disttrain.testing.launch import DISTTRAIN
+
+from conftest import TESTS, disttrain
 
 pytestmark = pytest.mark.timeout(400)
 SMALL = ["--train.global-batch", "8", "--train.micro-batch", "4", "--train.eval-interval", "0"]
@@ -72,7 +74,7 @@ def test_single_means_one_process(tmp_path: Path) -> None:
 
 def test_help_into_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
     """`disttrain run --help | head` ended in a BrokenPipeError traceback."""
-    proc = subprocess.Popen([str(BIN / "disttrain"), "run", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([str(DISTTRAIN), "run", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line: every write fails with EPIPE
     err = proc.stderr.read().decode()

@@ -135,6 +135,10 @@ class GPT(nn.Module):
                 for name, p in self.named_parameters():
                     self.init_param(name, p)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (the name Hugging Face models answer to)."""
+        return self.tok_emb
+
     def init_param(self, name: str, tensor: torch.Tensor) -> None:
         """Fill ``tensor`` (the *full* parameter ``name``) deterministically from (seed, name)."""
         gen = torch.Generator().manual_seed(self.init_seed * 1_000_003 + zlib.crc32(name.encode()))

@@ -12,7 +12,7 @@ from typing import Any
 
 from disttrain.build import check_imports
 from disttrain.config import JobConfig, ResolvedJob, resolve_batch
-from disttrain.errors import ConfigError, MetaDeviceError, VocabularyError
+from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, VocabularyError
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type
@@ -104,7 +104,7 @@ def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> Str
     except ConfigError as e:
         forced = cfg.parallel.strategy
         meta = isinstance(e, MetaDeviceError) and strategies.get(forced).shards_parameters
-        if forced == "auto" or meta or isinstance(e, VocabularyError):  # errors of the job, not of the plan
+        if forced == "auto" or meta or isinstance(e, ModelBuildError | VocabularyError):  # the job's, not the plan's
             raise
         print(f"disttrain: warning: no memory plan ({e})", file=sys.stderr)
         return StrategyChoice(strategies.resolve_name(forced, nproc * nnodes), "forced; no memory plan")
