@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,10 +50,29 @@ def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
         os.environ["DISTTRAIN_CACHE_DIR"] = old
 
 
+@functools.cache
+def measured_machine(root: Path) -> str:
+    """This machine's figures, measured once per session (what a plan measures on a machine with none,
+    :func:`disttrain.jobs.doctor.measure_machine`): machine.json's text, or '' when the measurement failed."""
+    seed = root / "measured"
+    env = {**child_env(), "DISTTRAIN_CACHE_DIR": str(seed)}
+    code = "from disttrain.jobs.doctor import measure_machine; print(measure_machine(2))"
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    cache = seed / "machine.json"
+    return cache.read_text() if cache.is_file() else ""
+
+
 @pytest.fixture(autouse=True)
 def _own_machine_cache(_machine_cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts from an empty cache: one test's `disttrain doctor` never changes another's plan."""
-    monkeypatch.setenv("DISTTRAIN_CACHE_DIR", str(_machine_cache_root / str(next(_CACHE_IDS))))
+    """Each test starts from its own cache, holding this machine's measured figures (as after the first plan
+    here): one test's `disttrain doctor` or `estimate --measure` never changes another's plan. A test that
+    needs an empty cache empties it."""
+    own = _machine_cache_root / str(next(_CACHE_IDS))
+    own.mkdir()
+    measured = measured_machine(_machine_cache_root)
+    if measured:
+        (own / "machine.json").write_text(measured)
+    monkeypatch.setenv("DISTTRAIN_CACHE_DIR", str(own))
 
 
 _CACHE_IDS = itertools.count()

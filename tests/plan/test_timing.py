@@ -8,6 +8,7 @@ benchmarks/bench_plan_time.py.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -230,7 +231,7 @@ def test_estimate_cli_explains_and_takes_a_bandwidth(tmp_path) -> None:
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "step, no overlap *" in out and "sent per rank / step" in out
-    assert "intra 100 us + 2 GB/s (--bandwidth)" in out, out
+    assert re.search(r"intra \d+ us \+ 2 GB/s \(--bandwidth\)", out), out  # the measured latency, the given rate
     assert "blocks/unit" in out and "chosen:" in out and "prefetch: depth 1" in out and "collectives of" in out
     bad = disttrain("estimate", "--bandwidth", "fast", timeout=60)
     assert bad.returncode == 2 and "--bandwidth" in bad.stderr and "fast" in bad.stderr

@@ -214,19 +214,59 @@ def check_rendezvous(endpoint: str | None, node_rank: int, timeout_s: float = 3.
 
 
 # -- the multi-process part: collectives and RPC, through torchrun (doctor_worker.py) ------------------
-def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | None) -> list[Check]:
+def _doctor_argv(nproc: int, nnodes: str, node_rank: int, endpoint: str | None, tmp: str) -> list[str]:
     from disttrain.config import LaunchConfig
-    from disttrain.launch.torchrun import run_torchrun, torchrun_argv
+    from disttrain.launch.torchrun import torchrun_argv
+
+    launch = LaunchConfig(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint)
+    argv = torchrun_argv(nproc, launch, Path(tmp) / "logs", quiet_ranks=True)
+    return [*argv, "-m", "disttrain.jobs.doctor_worker", tmp]
+
+
+def measure_machine(nproc: int = 2) -> str:
+    """The figures a plan needs of this machine (link curves, compute rates, framework costs: what ``disttrain
+    doctor`` measures, without its other checks), over ``nproc`` local ranks, cached for the next plans; the
+    line that says what was measured, or why nothing was (the plan then keeps its defaults)."""
+    from disttrain.launch.torchrun import run_torchrun
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    launch = LaunchConfig(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint)
+    print(
+        f"disttrain: measuring this machine for the plan ({nproc} processes, a few seconds, once: "
+        "`disttrain doctor` measures it again)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="disttrain-machine-") as tmp:
+        argv = [*_doctor_argv(nproc, "1", 0, None, tmp), "--machine-only"]
+        with contextlib.redirect_stdout(sys.stderr):
+            code = run_torchrun(argv, nproc, device)
+        checks = check_link(Path(tmp, "machine.json")) if code == 0 else []
+    if not checks or checks[0].status != "OK":
+        why = checks[0].detail if checks else f"the {nproc}-process test failed (exit {code})"
+        return f"could not measure this machine ({why}); the plan uses default figures (`disttrain doctor` says more)"
+    return f"measured in {time.perf_counter() - t0:.1f} s: {checks[0].detail}"
+
+
+def ensure_machine(device: str, dtype: str, nproc: int) -> None:
+    """Before a plan for this machine (``device`` is the local one): measure the figures it needs when the cache
+    has none for this host (:func:`measure_machine`, one line on stderr), so that no plan borrows another
+    machine's defaults."""
+    from disttrain.launch.torchrun import default_nproc
+
+    have = load_machine()
+    missing = have.missing(dtype, nproc) if have is not None and have.device == device else ["all"]
+    if missing:
+        line = measure_machine(min(default_nproc(device), 8) if device == "cuda" else 2)
+        print(f"disttrain: {line}", file=sys.stderr, flush=True)
+
+
+def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | None) -> list[Check]:
+    from disttrain.launch.torchrun import run_torchrun
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory(prefix="disttrain-doctor-") as tmp:
-        argv = [
-            *torchrun_argv(nproc, launch, Path(tmp) / "logs", quiet_ranks=True),
-            "-m",
-            "disttrain.jobs.doctor_worker",
-            tmp,
-        ]
+        argv = _doctor_argv(nproc, nnodes, node_rank, endpoint, tmp)
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):
             code = run_torchrun(argv, nproc, device)
@@ -287,6 +327,11 @@ def check_link(measured: Path) -> list[Check]:
     links = {k: fit_links(c) for k, c in m["curves"].items()}
     old = load_machine()
     old = old if old is not None and old.device == m["device"] else None
+    unit_s = old.unit_overhead_s if old else 0.0
+    if "fsdp_probe" in m and "intra" in links:
+        from disttrain.jobs.framework_probe import unit_overhead
+
+        unit_s = unit_overhead(m["fsdp_probe"], links["intra"])
     profile = MachineProfile(
         host=socket.gethostname(),
         device=m["device"],
@@ -298,6 +343,9 @@ def check_link(measured: Path) -> list[Check]:
         links={**(old.links if old else {}), **links, **{f"{k}@{f.nranks}": f for k, f in links.items()}},
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
         efficiency=old.efficiency if old else {},
+        efficiency_runs=old.efficiency_runs if old else {},
+        op_overhead_s=float(m.get("op_overhead_s", old.op_overhead_s if old else 0.0)),
+        unit_overhead_s=unit_s,
     )
     data = profile.to_json()
     try:
@@ -328,7 +376,12 @@ def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
     flops = ", ".join(f"{k} {v:.3g}" for k, v in profile.matmul_tflops.items())
     rates = ", ".join(f"{k} {v / 1e9:.2g}" for k, v in profile.elementwise_rate.items())
     parts.append(f"matmul {flops} TFLOP/s ({per})" if flops else "no matmul figure")
-    return "; ".join([*parts, f"element-wise {rates} G elements/s"] if rates else parts)
+    parts += [f"element-wise {rates} G elements/s"] if rates else []
+    if profile.op_overhead_s:
+        parts.append(f"{profile.op_overhead_s * 1e6:.1f} us per operator")
+    if profile.unit_overhead_s:
+        parts.append(f"FSDP {profile.unit_overhead_s * 1e3:.2f} ms per unit pass")
+    return "; ".join(parts)
 
 
 MAX_SKEW_S = 1.0

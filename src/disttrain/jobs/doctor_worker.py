@@ -1,6 +1,7 @@
 """One rank of ``disttrain doctor``'s multi-process test, started through torchrun: all-reduce and all-gather
 bandwidth per backend, the latency/bandwidth curves of all-gather, reduce-scatter and all-reduce over the local
-ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s and element-wise rate, across
+ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s and element-wise rate, on a CPU
+the framework time per operator and FSDP2's fixed cost per unit (:mod:`disttrain.jobs.framework_probe`), across
 nodes the clocks and inter- vs intra-node bandwidth, and an RPC ping. Rank 0 writes the figures to
 ``<out_dir>/result.json``; local rank 0 of every node writes its node's curves and compute rates to
 ``<out_dir>/machine.json`` (the launcher fits and caches them: disttrain.plan.machine)."""
@@ -47,8 +48,9 @@ def _bandwidth(op: str, nbytes: int, device: torch.device, iters: int = 5) -> fl
     return moved / statistics.median(times) / 1e9
 
 
-def worker(out_dir: str) -> None:
-    """One rank of the test: bandwidths per backend, then an RPC ping from rank 0 to the last rank."""
+def worker(out_dir: str, machine_only: bool = False) -> None:
+    """One rank of the test: bandwidths per backend, then an RPC ping from rank 0 to the last rank;
+    ``machine_only``: only the figures the plan caches (curves, compute rates, framework costs)."""
     import warnings
 
     from disttrain.parallel.env import backend_for
@@ -61,7 +63,7 @@ def worker(out_dir: str) -> None:
     dist.init_process_group(backend_for("cuda" if cuda else "cpu"), timeout=datetime.timedelta(seconds=60))
     res: dict[str, Any] = {"world": world}
     devices = [("gloo", torch.device("cpu"))] + ([("nccl", torch.device("cuda"))] if cuda else [])
-    for backend, dev in devices:
+    for backend, dev in [] if machine_only else devices:
         size = 64 * 2**20 if backend == "nccl" else 16 * 2**20
         res[f"{backend}_all_reduce"] = _bandwidth("all_reduce", size, dev)
         res[f"{backend}_all_gather"] = _bandwidth("all_gather", size // world, dev)
@@ -71,10 +73,14 @@ def worker(out_dir: str) -> None:
     if "nodes" not in across and world > 1:  # one node: the local ranks are the world (one rank: no link)
         curves["intra"] = _curves(CURVE_BYTES, main)
     machine: dict[str, Any] = {"device": main.type, "curves": curves}
+    if "nodes" not in across and world > 1 and main.type == "cpu":  # on CUDA the kernel queue hides FSDP's hooks
+        from disttrain.jobs.framework_probe import fsdp_probe
+
+        machine["fsdp_probe"] = fsdp_probe()
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         machine.update(_compute_rates(main))  # the other ranks wait at the barrier below
     dist.barrier()
-    res["rpc_ms"] = _rpc_ping(rank, world)
+    res["rpc_ms"] = None if machine_only else _rpc_ping(rank, world)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         Path(out_dir, "machine.json").write_text(json.dumps(machine))
     if rank == 0:
@@ -156,10 +162,11 @@ def _timed(op: Any, group: Any, device: torch.device, iters: int) -> list[float]
     return times
 
 
-def _compute_rates(device: torch.device) -> dict[str, dict[str, float]]:
+def _compute_rates(device: torch.device) -> dict[str, Any]:
     """One thread's (CPU) or the GPU's rates in fp32 and, where it is fast, bf16, each the best of 3 short
     windows (a busy machine's other processes take some of them): ``matmul_tflops``, the square-matmul TFLOP/s,
-    and ``elementwise_rate``, the elements per second of a block's element-wise work."""
+    and ``elementwise_rate``, the elements per second of a block's element-wise work; on a CPU also
+    ``op_overhead_s``, the framework time per operator (:mod:`disttrain.jobs.framework_probe`)."""
     from disttrain.parallel.env import fast_bf16
     from disttrain.utils.peak import measure_elementwise_rate, measure_matmul_tflops
 
@@ -172,10 +179,15 @@ def _compute_rates(device: torch.device) -> dict[str, dict[str, float]]:
         "elementwise_rate": lambda dt: measure_elementwise_rate(device, dt, seconds=0.05),
     }
     try:
-        return {
+        rates: dict[str, Any] = {
             name: {k: float(f"{max(probe(dt) for _ in range(3)):.4g}") for k, dt in dtypes.items()}
             for name, probe in probes.items()
         }
+        if device.type == "cpu":  # on CUDA the launches run ahead of the kernels: the plan keeps its figure
+            from disttrain.jobs.framework_probe import op_seconds
+
+            rates["op_overhead_s"] = float(f"{op_seconds():.4g}")
+        return rates
     finally:
         torch.set_num_threads(threads)
 
@@ -209,4 +221,5 @@ def _rpc_ping(rank: int, world: int) -> float | None:
 
 
 if __name__ == "__main__":
-    run_and_exit(lambda: worker(sys.argv[1]))  # skips interpreter teardown (rpc/gloo destructors)
+    # run_and_exit skips interpreter teardown (rpc/gloo destructors)
+    run_and_exit(lambda: worker(sys.argv[1], machine_only=sys.argv[2:] == ["--machine-only"]))

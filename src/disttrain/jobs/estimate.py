@@ -14,6 +14,7 @@ from typing import Any
 
 from disttrain.config import JobConfig
 from disttrain.errors import ConfigError
+from disttrain.jobs.doctor import ensure_machine
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel.strategies import COLUMNS as STRATEGY_COLUMNS
 from disttrain.plan.choose import tuned_parallel
@@ -59,6 +60,8 @@ def run_estimate(
     mem = resolve_device_memory(cfg.parallel.device_memory, target, nproc)
     cfg = resolved_precision(cfg, target)
     dtype = cfg.precision.dtype
+    if target == device:
+        ensure_machine(device, dtype, nproc)
     machine = resolve_machine(
         target, dtype, bandwidth=bandwidth, inter_bandwidth=inter_bandwidth, measure_peak=target == device, nproc=nproc
     )

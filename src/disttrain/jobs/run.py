@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from disttrain.config import JobConfig
+from disttrain.jobs.doctor import ensure_machine
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.slurm import requeue
 from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
+from disttrain.parallel.env import resolve_device_type
 from disttrain.resolve import resolve
 from disttrain.utils.malloc import keep_large_buffers_here
 
@@ -39,6 +41,8 @@ def make_run_dir(cfg: JobConfig) -> Path:
 def launch_job(cfg: JobConfig) -> int:
     """``disttrain run``: resolve, write the run folder, start the workers (in-process when alone)."""
 
+    with contextlib.suppress(RuntimeError):  # a device that is not there: resolve says so
+        ensure_machine(resolve_device_type(cfg.parallel.device), "fp32", 2)
     job = resolve(cfg)
     cfg = job.config
     run_dir = make_run_dir(cfg)

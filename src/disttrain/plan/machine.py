@@ -2,7 +2,8 @@
 latency and bandwidth of its links (a fit of all-gather times over sizes, and of reduce-scatter and all-reduce
 times on their own: gloo's reduce-scatter runs at half its all-gather's rate, its all-reduce at twice what a
 ring of all-gathers would), its matmul peak and element-wise rate per dtype, and the compute efficiency
-measured steps reached (``disttrain estimate --measure``).
+measured steps reached (``disttrain estimate --measure``); on a CPU, the framework time per operator and FSDP2's
+fixed cost per unit pass.
 
 The cache is one JSON file, ``$DISTTRAIN_CACHE_DIR/machine.json`` (else ``$XDG_CACHE_HOME/disttrain`` or
 ``~/.cache/disttrain``), one entry per host name (a home folder shared by the nodes of a cluster keeps each
@@ -83,9 +84,26 @@ class MachineProfile:
     elementwise_rate: dict[str, float] = field(default_factory=dict)
     """Per compute dtype: elements per second one thread (CPU) or the device writes in a block's element-wise
     work (norms, activations, softmax, casts)."""
+    op_overhead_s: float = 0.0
+    """Framework time per forward operator (0: not measured)."""
+    unit_overhead_s: float = 0.0
+    """FSDP2's fixed cost per unit pass, as on a core of its own (0: not measured)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def missing(self, dtype: str, nproc: int) -> list[str]:
+        """The figures a plan of ``nproc`` local ranks in ``dtype`` needs that this profile lacks (a cache from an
+        older version, or a doctor run with one process)."""
+        cpu = self.device == "cpu"
+        wanted = {
+            "matmul peak": not cpu or dtype in self.matmul_tflops,
+            "element-wise rate": not cpu or dtype in self.elementwise_rate,
+            "link": nproc <= 1 or "intra" in self.links,
+            "framework time per operator": not cpu or self.op_overhead_s > 0,
+            "FSDP cost per unit": not cpu or nproc <= 1 or self.unit_overhead_s > 0,
+        }
+        return [name for name, ok in wanted.items() if not ok]
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> MachineProfile:
@@ -111,6 +129,8 @@ class MachineProfile:
             {k: float(v) for k, v in d.get("efficiency", {}).items()},
             {k: [float(x) for x in v] for k, v in d.get("efficiency_runs", {}).items()},
             {k: float(v) for k, v in d.get("elementwise_rate", {}).items()},
+            float(d.get("op_overhead_s", 0.0)),
+            float(d.get("unit_overhead_s", 0.0)),
         )
 
 
@@ -151,6 +171,14 @@ def load_machine(host: str | None = None) -> MachineProfile | None:
             f"disttrain: warning: ignoring a broken entry in {cache_path()} ({type(e).__name__}: {e})", file=sys.stderr
         )
         return None
+
+
+def cached_peak_tflops(device: str, dtype: str) -> float | None:
+    """One thread's (CPU) or the device's matmul peak in ``dtype`` that ``disttrain doctor`` cached for this
+    host, or None: the one figure the plan and the run's MFU both use (re-measuring it at every start read
+    0.17 to 0.52 TFLOP/s within one hour on a busy machine)."""
+    prof = load_machine()
+    return prof.matmul_tflops.get(dtype) if prof is not None and prof.device == device else None
 
 
 def save_machine(profile: MachineProfile) -> Path:

@@ -16,6 +16,7 @@ from disttrain.utils.fmt import fmt_bytes
 
 if TYPE_CHECKING:
     from disttrain.plan.estimate import Estimate
+    from disttrain.plan.timing import Machine
 
 COLUMNS = tuple(strategies.COLUMNS)
 LABELS = {key: column.label for key, column in strategies.COLUMNS.items()}
@@ -107,8 +108,17 @@ def machine_line(est: Estimate) -> str:
         f"links: {links}; peak {m.tflops:.3g} TFLOP/s per {'device' if m.device == 'cuda' else 'thread'} "
         f"({m.sources.get('peak', '?')}) x efficiency {m.efficiency:.2f} ({m.sources.get('efficiency', '?')}); "
         f"element-wise {m.elementwise_rate / 1e9:.3g} G elements/s ({m.sources.get('elementwise', '?')})"
+        + _framework(m)
         + ("; run `disttrain doctor` to measure this machine's links" if m.sources.get("intra") == "default" else "")
     )
+
+
+def _framework(m: Machine) -> str:
+    """'; framework 5.2 us per operator, FSDP 1.08 ms per unit pass (doctor)' where measured."""
+    if m.sources.get("framework") != "doctor":
+        return ""
+    op_us, unit_ms = m.op_overhead_s * 1e6, m.unit_overhead_base_s * 1e3
+    return f"; framework {op_us:.1f} us per operator, FSDP {unit_ms:.2f} ms per unit pass (doctor)"
 
 
 def _line(cells: list[str], widths: list[int]) -> str:
@@ -121,7 +131,7 @@ def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any
     prof = est.profile
     saved_pred = prof.activations(est.ac) - prof.backward_transient  # what saved-tensor hooks can see
     lines = [f"predicted vs measured, per rank ({est.layout.nproc} rank(s) on this machine)"]
-    lines.append(f"{'strategy':<16}{'row':<14}{'predicted':>12}{'measured':>12}{'error':>9}")
+    lines.append(f"{'strategy':<16}{'row':<18}{'predicted':>12}{'measured':>12}{'error':>9}")
     table: dict[str, Any] = {}
     for s, m in measured.items():
         if "error" in m:
@@ -134,7 +144,7 @@ def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any
             "params": (p.params if not offload else shard_params, m["params"]),
             "grads": (p.grads if not offload else shard_grads, m["grads"]),
             "optimizer": (p.optimizer if not offload else p.host - shard_params - shard_grads, m["optimizer"]),
-            "activations": (saved_pred, m["activations_saved"]),
+            "activations saved": (saved_pred, m["activations_saved"]),
             # on CPU the offloaded shards are in the same RSS as everything else
             "total peak": (p.total + (p.host if m["peak_source"] != "cuda max_memory_allocated" else 0), m["peak"]),
         }
@@ -142,7 +152,7 @@ def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any
         for row, (pred, meas) in pairs.items():
             err = 100.0 * (pred - meas) / meas if meas else float("nan")
             table[s][row] = {"predicted": int(pred), "measured": int(meas), "error_pct": err}
-            lines.append(f"{s:<16}{row:<14}{fmt_bytes(pred):>12}{fmt_bytes(meas):>12}{err:>8.1f}%")
+            lines.append(f"{s:<16}{row:<18}{fmt_bytes(pred):>12}{fmt_bytes(meas):>12}{err:>8.1f}%")
         t = est.times.get(s)
         if t is None or "step_s" not in m:
             continue
@@ -152,10 +162,13 @@ def compare(est: Estimate, measured: dict[str, Any]) -> tuple[str, dict[str, Any
         ):
             err = 100.0 * (secs - meas_s) / meas_s if meas_s else float("nan")
             table[s][name] = {"predicted_s": secs, "measured_s": meas_s, "error_pct": err}
-            lines.append(f"{s:<16}{name:<14}{seconds(secs):>12}{seconds(meas_s):>12}{err:>8.1f}%")
+            lines.append(f"{s:<16}{name:<18}{seconds(secs):>12}{seconds(meas_s):>12}{err:>8.1f}%")
     source = next((m["peak_source"] for m in measured.values() if "peak_source" in m), "-")
     lines.append(
-        f"measured total peak: {source}, above the process before the model was built; step time: median of "
-        "3 steps; communication: one more step under torch.profiler (gloo/NCCL ranges, c10d ops)"
+        f"measured total peak: {source}, above the process before the model was built; activations saved: what "
+        f"autograd saves in one forward (the plan's activations row, {fmt_bytes(prof.activations(est.ac))}, adds "
+        f"the {fmt_bytes(prof.backward_transient)} of gradients that live at the start of backward, which "
+        "saved-tensor hooks do not see); step time: median of 3 steps; communication: one more step under "
+        "torch.profiler (gloo/NCCL ranges, c10d ops)"
     )
     return "\n".join(lines), table

@@ -78,6 +78,10 @@ class Machine:
     sources: dict[str, str] = field(default_factory=dict)
     elementwise_rate: float = 0.0
     """Elements per second of element-wise work, one thread (CPU) or one device (CUDA); 0: not counted."""
+    op_overhead_s: float = 0.0
+    """Framework time per forward operator (0: :data:`OP_OVERHEAD_S`'s default for the device)."""
+    unit_overhead_base_s: float = 0.0
+    """FSDP2's fixed cost per unit pass on a core of its own (0: :data:`UNIT_OVERHEAD_S`'s default)."""
 
     @property
     def overlap(self) -> bool:
@@ -102,7 +106,7 @@ class Machine:
 
     def unit_overhead_s(self, nproc: int) -> float:
         """FSDP's fixed cost of one unit's pass on one rank (on CPU, ranks that share cores share that time)."""
-        return UNIT_OVERHEAD_S[self.device] / self.core_share(nproc)[1]
+        return (self.unit_overhead_base_s or UNIT_OVERHEAD_S[self.device]) / self.core_share(nproc)[1]
 
     def elementwise_s(self, elements: float, nproc: int) -> float:
         """Seconds one rank takes to write ``elements`` in element-wise work (0 where no rate is known)."""
@@ -116,7 +120,7 @@ class Machine:
         the longer of the two on CUDA (launches run ahead of the kernels)."""
         _, share = self.core_share(nproc)
         kernels_s = flops / self.rank_flops(nproc) + self.elementwise_s(3 * elements, nproc)
-        ops_s = 3 * ops * OP_OVERHEAD_S[self.device] / share
+        ops_s = 3 * ops * (self.op_overhead_s or OP_OVERHEAD_S[self.device]) / share
         return max(kernels_s, ops_s) if self.device == "cuda" else kernels_s + ops_s
 
 
@@ -160,7 +164,10 @@ def resolve_machine(
     rate = prof.elementwise_rate.get(dtype) if prof else None
     sources["elementwise"] = "doctor" if rate else "default"
     rate = rate or DEFAULT_ELEMENTWISE_RATE[device]
-    return Machine(device, float(tflops), eff or DEFAULT_EFFICIENCY[device], cores, links, sources, rate)
+    op_s, unit_s = (prof.op_overhead_s, prof.unit_overhead_s) if prof else (0.0, 0.0)
+    sources["framework"] = "doctor" if op_s and unit_s else "default"
+    eff = eff or DEFAULT_EFFICIENCY[device]
+    return Machine(device, float(tflops), eff, cores, links, sources, rate, op_s, unit_s)
 
 
 def _gpu_table_peak(dtype: str) -> tuple[float | None, str]:

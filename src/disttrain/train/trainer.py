@@ -40,12 +40,24 @@ from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.plan.choose import resolve_here
+from disttrain.plan.machine import cached_peak_tflops
 from disttrain.train import metrics as M
 from disttrain.train.loss import LossFn, Objective, cross_entropy
 from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler, warmup_warning
 from disttrain.train.progress import FitResult, Progress, StepFigures, Throughput
 from disttrain.utils import hooks
 from disttrain.utils.gc import GarbageCollection
+
+
+def _peak(device: torch.device, cfg: JobConfig) -> tuple[float, str]:
+    """(peak TFLOP/s of one rank, where it comes from) for MFU: ``metrics.peak_tflops``; on a CPU the one-thread
+    peak ``disttrain doctor`` cached (the plan's figure) times this rank's threads; else the table or a
+    measurement (:func:`disttrain.utils.peak.peak_tflops`)."""
+    cached = cached_peak_tflops("cpu", cfg.precision.dtype) if device.type == "cpu" else None
+    if cached and not cfg.metrics.peak_tflops:
+        threads = torch.get_num_threads()
+        return cached * threads, f"doctor's cached one-thread peak x {threads} thread(s)"
+    return M.peak_tflops(device, DTYPES[cfg.precision.dtype], cfg.metrics.peak_tflops)
 
 
 class Trainer:
@@ -112,9 +124,7 @@ class Trainer:
         self.skipped = 0
         self.stop_requested = False
         """A rank got SIGTERM/SIGUSR1 (preemption): known to every rank through the step's loss all-reduce."""
-        self.peak, self.peak_source = M.peak_tflops(
-            self.env.device, DTYPES[cfg.precision.dtype], cfg.metrics.peak_tflops
-        )
+        self.peak, self.peak_source = _peak(self.env.device, cfg)
         self.health = HealthMonitor(
             cfg.health, self.env.rank, self.env.world_size, self.run_dir, cfg.parallel.timeout_s
         )
