@@ -1,10 +1,14 @@
 """`disttrain report`: two real runs (one process and DDP on 2 ranks, the second with TensorBoard files)
 compared in one page whose table equals their metrics; a run cut short mid-write still reports; TensorBoard
 files read back equal metrics.jsonl; headless Chromium opens the page from disk and the live page over HTTP
-with every image decoded and no console error."""
+with every image decoded and no console error; and real `run`, `ps` and `rl` folders each get their own
+panels in Chromium, none empty (coloured pixels in every data area) and every axis labelled, with a table
+that fits a laptop screen."""
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import re
 import shutil
@@ -19,6 +23,7 @@ from disttrain.report import load_run
 from disttrain.report.page import final_figures
 from disttrain.testing.launch import DISTTRAIN, together
 from disttrain.testing.tiny import tiny_cli_args
+from plot_pixels import coloured_pixels, spines_at
 
 from conftest import child_env, disttrain
 
@@ -64,7 +69,16 @@ def records(run: Path) -> list[dict]:
 
 
 def cells(page: str) -> dict[tuple[str, str], str]:
-    return {(r, k): v for r, k, v in re.findall(r'<td data-run="([^"]+)" data-key="([^"]+)">([^<]*)</td>', page)}
+    """The summary table's raw values (``data-value``), by (run, key)."""
+    found = re.findall(r'<td data-run="([^"]+)" data-key="([^"]+)" data-value="([^"]*)">[^<]*</td>', page)
+    return {(r, k): html.unescape(v) for r, k, v in found}
+
+
+def shown(page: str) -> dict[tuple[str, str], str]:
+    """The summary table's cells as people read them, by (run, key)."""
+    return {
+        (r, k): v for r, k, v in re.findall(r'data-run="([^"]+)" data-key="([^"]+)" data-value="[^"]*">([^<]*)<', page)
+    }
 
 
 def test_a_two_run_report_has_every_plot_and_the_runs_numbers(runs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -92,6 +106,8 @@ def test_a_two_run_report_has_every_plot_and_the_runs_numbers(runs: tuple[Path, 
             assert float(table[(run.name, key)]) == pytest.approx(last[key], rel=1e-5), key
         val = [r["val_loss"] for r in records(run) if "val_loss" in r][-1]
         assert float(table[(run.name, "val_loss")]) == pytest.approx(val, rel=1e-5)
+        assert shown(page)[(run.name, "mfu")] == f"{last['mfu'] * 100:.3g}%"
+    assert ("one", "final_loss") not in table and ("one", "steps") not in table  # each figure once
     assert "strategy <b>ddp</b>" in page and "http" not in page.split("<style>")[0].lower().replace("http-equiv", "")
 
 
@@ -200,7 +216,7 @@ def test_any_run_folder_reports_what_its_metrics_contain(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     page = (run / "report" / "report.html").read_text()
     assert set(re.findall(r'data-plot="([^"]+)"', page)) == {"loss", "auc", "staleness"}
-    assert cells(page)[("ps-run", "auc")] == f"{recs[-1]['auc']:.6g}"
+    assert float(cells(page)[("ps-run", "auc")]) == recs[-1]["auc"] and shown(page)[("ps-run", "auc")] == "0.66"
 
 
 def test_the_report_reads_the_job_the_run_resolved(tmp_path: Path) -> None:
@@ -217,3 +233,72 @@ def test_the_report_reads_the_job_the_run_resolved(tmp_path: Path) -> None:
     assert ResolvedJob.read(tmp_path) == job  # what the workers read back is what the parent wrote
     (tmp_path / "resolved.json").unlink()
     assert load_run(tmp_path).tokens_per_step() == cfg.train.global_batch * cfg.model.context
+
+
+@pytest.fixture(scope="module")
+def ps_and_rl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Real `disttrain ps` (1 trainer, 1 server, 20 steps, evaluated every 10) and `disttrain rl` (1 actor,
+    6,000 env steps, a record every 0.25 s) run folders: a few seconds each, side by side."""
+    root = tmp_path_factory.mktemp("commands")
+    where = ["--run.root", str(root), "--run.name"]
+    ps_args = ["--ps.tables", "1000", "500", "50", "--ps.dim", "8", "--ps.hidden", "16", "--ps.dense-lr", "0.01"]
+    ps_args += ["--ps.trainers", "1", "--ps.servers", "1", "--train.batch", "64", "--train.steps", "20"]
+    ps_args += ["--train.eval-interval", "10", "--train.eval-samples", "1000", *where, "ps"]
+    rl_args = ["--rl.actors", "1", "--train.max-env-steps", "6000", "--train.log-interval-s", "0.25", *where, "rl"]
+    ps, rl = together(lambda: disttrain("ps", *ps_args), lambda: disttrain("rl", *rl_args))
+    assert ps.returncode == 0 and rl.returncode == 0, ps.stderr[-2000:] + rl.stderr[-2000:]
+    return root / "ps", root / "rl"
+
+
+PANELS = {
+    "run": {"loss", "loss_vs_tokens", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "peak_memory_bytes"}
+    | {"checkpoints"},
+    "ps": {"loss", "auc", "samples_per_s", "bytes_per_step"},
+    "rl": {"return", "episode_length", "loss", "env_steps_per_s", "updates_per_s", "replay_size", "actor_lag"},
+}
+
+
+def figures_in(dom: str) -> list[dict[str, str]]:
+    """Each panel image's attributes, as the browser has them."""
+    return [dict(re.findall(r'([\w-]+)="([^"]*)"', img)) for img in re.findall(r"<img [^>]*>", dom)]
+
+
+def check_panels(dom: str, command: str) -> None:
+    """No empty panel (points drawn, coloured pixels inside the data area, whose edges are the spines) and
+    an x and a y label on each."""
+    figs = figures_in(dom)
+    assert PANELS[command] <= {f["data-plot"] for f in figs}, (command, [f["data-plot"] for f in figs])
+    for f in figs:
+        name, png = f["data-plot"], base64.b64decode(f["src"].split(",", 1)[1])
+        box = tuple(int(v) for v in f["data-axes"].split(","))
+        assert len(box) == 4 and spines_at(png, box), (command, name, box)  # type: ignore[arg-type]
+        assert int(f["data-points"]) > 0 and coloured_pixels(png, box) >= 20, (command, name)  # type: ignore[arg-type]
+        assert f["data-xlabel"].strip() and f["data-ylabel"].strip(), (command, name, f)
+
+
+def test_chromium_shows_run_ps_and_rl_folders_with_no_empty_panel_and_every_axis_labelled(
+    runs: tuple[Path, Path], ps_and_rl: tuple[Path, Path], tmp_path: Path
+) -> None:
+    for command, run in zip(("run", "ps", "rl"), (runs[1], *ps_and_rl), strict=True):
+        out = tmp_path / command
+        proc = disttrain("report", str(run), "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        page = (out / "report.html").read_text()
+        dom = chromium(tmp_path / "chromium", "--window-size=1280,1600", "--dump-dom", (out / "report.html").as_uri())
+        body = re.search(r"<body[^>]*>", dom.stdout)
+        assert body is not None, dom.stderr[-2000:]
+        assert 'data-broken-images="0"' in body.group(0), body.group(0)
+        width = re.search(r'data-table-width="(\d+)"', body.group(0))
+        assert width is not None and int(width.group(1)) <= 1200, body.group(0)  # a laptop's 1280 px, margins
+        check_panels(dom.stdout, command)
+        chromium(
+            tmp_path / "chromium",
+            f"--screenshot={tmp_path / command}.png",
+            "--window-size=1280,1600",
+            (out / "report.html").as_uri(),
+        )
+        if command == "ps":  # one trainer: never ahead of another; said, not drawn as an empty-looking panel
+            assert "so not drawn: staleness" in page
+        if command == "run":  # the final save, at the last step, is one of the saves drawn
+            saves = load_run(run).saves
+            assert saves and saves[-1]["step"] == records(run)[-1]["step"] and saves[-1]["final"], saves

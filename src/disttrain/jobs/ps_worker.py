@@ -44,7 +44,13 @@ def reporter(cfg: PSJobConfig, run_dir: Path) -> Any:
     train, trainers = cfg.train, cfg.ps.trainers
 
     def on_step(step: int, res: PSResult) -> None:
-        rec: dict[str, Any] = {"step": step, "loss": res.losses[-1], "staleness": res.staleness[-1]}
+        rec: dict[str, Any] = {
+            "step": step,
+            "loss": res.losses[-1],
+            "staleness": res.staleness[-1],
+            "samples_per_s": train.batch * trainers / max(res.step_s[-1], 1e-9),  # this step, all trainers
+            "bytes_per_step": res.step_bytes[-1],  # trainer 0's reads and pushes
+        }
         if res.evals and res.evals[-1]["step"] == step:
             rec.update(res.evals[-1])
             print(

@@ -30,8 +30,9 @@ from disttrain.utils.process import run_and_exit
 STOP_KEY = "rl/stop"
 
 
-def record(lr: Learner, t0: float, steps0: int) -> dict[str, Any]:
-    c = lr.c
+def record(lr: Learner, t0: float, steps0: int, updates0: int) -> dict[str, Any]:
+    """A metrics.jsonl record: counters, the means over the last episodes, rates since this process started."""
+    c, elapsed = lr.c, max(time.perf_counter() - t0, 1e-9)
     return {
         "time_s": round(time.perf_counter() - t0, 2),
         "env_steps": c.env_steps,
@@ -41,7 +42,8 @@ def record(lr: Learner, t0: float, steps0: int) -> dict[str, Any]:
         "return_all": mean(c.all_returns),
         "episode_length": mean(c.lengths),
         "loss": mean(lr.losses),
-        "env_steps_per_s": (c.env_steps - steps0) / max(time.perf_counter() - t0, 1e-9),
+        "env_steps_per_s": (c.env_steps - steps0) / elapsed,
+        "updates_per_s": (c.updates - updates0) / elapsed,
         "replay_size": len(lr.replay),
         "actor_lag": mean(c.lags),
     }
@@ -66,7 +68,7 @@ def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
         print(f"resumed from {resumed} ({lr.c.updates} updates, {lr.c.env_steps:,} env steps)", flush=True)
     learner_mod.serve(lr)
     metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed below)
-    t0, steps0, last_log = time.perf_counter(), lr.c.env_steps, time.perf_counter()
+    t0, steps0, updates0, last_log = time.perf_counter(), lr.c.env_steps, lr.c.updates, time.perf_counter()
     every = cfg.checkpoint.interval
     while not (lr.solved() or lr.c.env_steps >= cfg.train.max_env_steps):
         trained = lr.train_once()
@@ -78,13 +80,13 @@ def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
             hooks.fire("learner_update", lr.c.updates, 0)
         if time.perf_counter() - last_log >= cfg.train.log_interval_s:
             last_log = time.perf_counter()
-            rec = record(lr, t0, steps0)
+            rec = record(lr, t0, steps0, updates0)
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
             print(progress(rec), flush=True)
     lr.finish()
     transport.store().set(STOP_KEY, "1")  # idle spares leave
-    final = record(lr, t0, steps0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
+    final = record(lr, t0, steps0, updates0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
     metrics.write(json.dumps(final) + "\n")
     metrics.close()
     wait_for_actors(lr, cfg.rl)

@@ -37,6 +37,10 @@ class PSResult:
     """ssp / asp: per step, how many steps this trainer was ahead of the slowest when it read."""
     samples_per_s: float = 0.0
     bytes_per_step: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+    """Per step: seconds (reads, forward/backward, pushes, waits; not checkpoints or evaluations)."""
+    step_bytes: list[int] = field(default_factory=list)
+    """Per step: bytes this trainer moved to and from the servers."""
 
 
 class PSTrainer:
@@ -179,10 +183,12 @@ class PSTrainer:
         train, res = self.train, PSResult(staleness=self.staleness)
         t0 = time.perf_counter()
         for step in range(self.start, train.steps):
-            t = time.perf_counter()
+            t, moved = time.perf_counter(), self.group_tables.bytes_moved
             res.losses.append(self.step(step))
+            res.step_s.append(time.perf_counter() - t)
+            res.step_bytes.append(self.group_tables.bytes_moved - moved)
             if self.health is not None:
-                self.health.step_done(step + 1, time.perf_counter() - t)
+                self.health.step_done(step + 1, res.step_s[-1])
             every = self.checkpoint_interval
             if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
                 self._phase("checkpoint")

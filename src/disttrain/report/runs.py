@@ -1,16 +1,19 @@
 """Reading a run folder for the report: ``metrics.jsonl`` (a line cut short by a crash is left out with a
 warning), ``health/events.jsonl``, ``config.toml``, ``strategy.json``, ``summary.json`` and the checkpoints'
-manifests. Any command's run folder works: the report plots what the metrics contain."""
+manifests. Any command's run folder works: :attr:`Run.command` says which command made it (``run``, ``ps``,
+``rl``: its config.toml's sections, else the keys its records hold), and so what its x axis is."""
 
 from __future__ import annotations
 
 import json
 import math
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from disttrain.errors import ConfigError
+from disttrain.report.panels import COMMANDS
 
 
 @dataclass
@@ -33,21 +36,49 @@ class Run:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def command(self) -> str:
+        """``rl``, ``ps`` or ``run``: config.toml's ``[rl]`` or ``[ps]`` section, any other config (or
+        resolved.json) is a training run; with neither, the keys the records hold."""
+        sections = self._config()
+        for name in ("rl", "ps"):
+            if name in sections:
+                return name
+        if sections or self.resolved:
+            return "run"
+        keys = {k for r in self.metrics for k in r}
+        if "env_steps" in keys and "step" not in keys:
+            return "rl"
+        return "ps" if keys & {"auc", "staleness", "samples_per_s"} else "run"
+
+    @property
+    def x_key(self) -> str:
+        """The key the curves are drawn against: ``step``, or ``env_steps`` for an rl run."""
+        return COMMANDS[self.command].x
+
     def steps_of(self, key: str) -> tuple[list[float], list[Any]]:
-        """(steps, values) of the records that have ``key`` (the last record wins for a step run twice)."""
+        """(x, values) of the records that have ``key``, x being :attr:`x_key` (``step`` but for rl runs); the
+        last record wins for an x seen twice (a step run again after a restart)."""
+        x = self.x_key
         by_step: dict[float, Any] = {}
         for r in self.metrics:
-            if key in r and "step" in r:
-                by_step[r["step"]] = r[key]
+            if key in r and x in r:
+                by_step[r[x]] = r[key]
         steps = sorted(by_step)
         return steps, [by_step[s] for s in steps]
+
+    def _config(self) -> dict[str, Any]:
+        try:
+            return tomllib.loads(self.config) if self.config else {}
+        except tomllib.TOMLDecodeError:
+            return {}
 
     def scalar_keys(self) -> list[str]:
         """Keys with a number in some record (not step/time), in order of first appearance."""
         keys: dict[str, None] = {}
         for r in self.metrics:
             for k, v in r.items():
-                if k not in ("step", "time") and _is_number(v):
+                if k not in ("step", "time", self.x_key) and _is_number(v):
                     keys[k] = None
         return list(keys)
 
@@ -66,11 +97,9 @@ class Run:
         try:
             if self.resolved:
                 return int(self.resolved["batch"]["global_batch"]) * int(self.resolved["config"]["model"]["context"])
-            import tomllib
-
-            cfg = tomllib.loads(self.config)
+            cfg = self._config()
             return int(cfg["train"]["global_batch"]) * int(cfg["model"]["context"])
-        except (KeyError, TypeError, ValueError, ImportError):
+        except (KeyError, TypeError, ValueError):
             return None
 
 
@@ -137,5 +166,7 @@ def _saves(path: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if e.get("event") == "checkpoint" and "step" in e:
             done, blocked = committed.get(int(e["step"])), e.get("blocked_s") or 0.0
             save_s = done - (e["time"] - blocked) if done is not None and "time" in e else None  # from its start
-            out.append({"step": e["step"], "blocked_s": e.get("blocked_s"), "save_s": save_s})
+            out.append(
+                {"step": e["step"], "blocked_s": e.get("blocked_s"), "save_s": save_s, "final": bool(e.get("final"))}
+            )
     return out

@@ -256,7 +256,13 @@ class Trainer:
         if ck is None:
             return
         if mode == "full" and ck.last_saved_step != self.step:
+            t_save = time.perf_counter()
             ck.save(self.step, self.state())
+            ck.wait()  # the end: training waits for the commit, so all of it is time blocked
+            blocked = time.perf_counter() - t_save
+            log_event(
+                self.run_dir if self.env.is_main else None, "checkpoint", step=self.step, blocked_s=blocked, final=True
+            )
         elif mode == "model_only" and self.run_dir is not None:
             export_live_model(self.model.module, self.run_dir / "model.safetensors", self.cfg.checkpoint.export_dtype)
         ck.close()
