@@ -123,3 +123,22 @@ def test_measured_activations_are_named_for_what_they_compare() -> None:
     total = " ".join(plan_row.split()[3:5])  # the DDP column
     assert f"the plan's activations row, {total}" in text, (plan_row, text)
     assert json.dumps(data)
+
+
+def test_run_and_estimate_predict_the_same_step(tmp_path: Path, small_text: Path) -> None:
+    """The run's plan (memory_plan.txt) and `estimate` with the same flags, minutes apart, give the same
+    predicted step: both read this machine's cached figures (once they disagreed 0.75 s against 1.64 s)."""
+    from disttrain.testing.tiny import tiny_cli_args
+
+    env = empty_cache(tmp_path)  # a machine with no figures: the run measures them, and estimate reads them
+    args = tiny_cli_args(small_text, 2, "--run.root", str(tmp_path), "--run.name", "r", "--parallel.nproc", "2")
+    run = disttrain(*args, env=env, timeout=150)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "measuring this machine" in run.stderr, run.stderr
+    est = disttrain("estimate", *args[1:], "--parallel.strategy", "auto", env=env, timeout=90)
+    assert est.returncode == 0, est.stderr
+
+    def step_row(text: str) -> str:
+        return next(x for x in text.splitlines() if x.startswith("step, no overlap"))
+
+    assert step_row((tmp_path / "r" / "memory_plan.txt").read_text()) == step_row(est.stdout)
