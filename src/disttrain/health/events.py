@@ -37,16 +37,16 @@ def log_event(run_dir: Path | None, kind: str, **fields: Any) -> dict[str, Any]:
 _state_lock = threading.Lock()  # the heartbeat thread, the watchdog and the main thread all write the file
 
 
-def _state_path(run_dir: Path, rank: int) -> Path:
-    return health_dir(run_dir) / f"attempt{attempt()}-rank{rank}.json"
+def _state_path(run_dir: Path, rank: int, k: int | None = None) -> Path:
+    return health_dir(run_dir) / f"attempt{attempt() if k is None else k}-rank{rank}.json"
 
 
-def _read_state(path: Path) -> dict[str, Any]:
+def _read_state(path: Path, k: int | None = None) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return state if state.get("attempt") == attempt() else {}
+    return state if state.get("attempt") == (attempt() if k is None else k) else {}
 
 
 def write_state(run_dir: Path | None, rank: int, state: dict[str, Any]) -> None:
@@ -58,19 +58,27 @@ def write_state(run_dir: Path | None, rank: int, state: dict[str, Any]) -> None:
     with _state_lock:
         if exit_reason := _read_state(path).get("exit"):
             state = {**state, "exit": exit_reason}
-        path.write_text(json.dumps(state))
+        _write_atomic(path, json.dumps(state))
 
 
-def record_exit(run_dir: Path | None, rank: int, reason: str) -> None:
-    """Note in this rank's state file why it is leaving (read after a restart to say what happened).
-    The first reason is kept: it is the root cause, later ones are its consequences."""
+def _write_atomic(path: Path, text: str) -> None:
+    """A temporary file, then a rename: a reader (the launcher's watch) never sees half a heartbeat."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def record_exit(run_dir: Path | None, rank: int, reason: str, k: int | None = None) -> None:
+    """Note in this rank's state file why it is leaving (read after a restart to say what happened); ``k``: of
+    that attempt (the launcher's watch, which has no attempt of its own). The first reason is kept: it is the
+    root cause, later ones are its consequences."""
     if run_dir is None:
         return
-    path = _state_path(run_dir, rank)
+    path = _state_path(run_dir, rank, k)
     with _state_lock:
-        state = _read_state(path) or {"attempt": attempt(), "rank": rank}
+        state = _read_state(path, k) or {"attempt": attempt() if k is None else k, "rank": rank}
         if not state.get("exit"):
-            path.write_text(json.dumps({**state, "exit": reason}))
+            _write_atomic(path, json.dumps({**state, "exit": reason}))
 
 
 def last_states(run_dir: Path, prev_attempt: int) -> dict[int, dict[str, Any]]:

@@ -4,7 +4,9 @@ guards (NaN/Inf and loss spikes), collective timeouts, debug presets and the run
 The training thread only marks where it is (``health.phase("forward")``, ``health.step_done(step, dt)``):
 attribute writes, no I/O, no collective. A background thread per rank publishes (step, phase, seconds in
 that phase, straggler figures) every ``health.heartbeat_s`` to the c10d store the process group already
-uses (its own client connection), and mirrors it to ``<run>/health/attempt<k>-rank<r>.json`` for the post-mortem.
+uses (its own client connection), and mirrors it to ``<run>/health/attempt<k>-rank<r>.json``, which the
+launcher's watch reads (:mod:`disttrain.launch.frozen_watch`: it names a rank whose whole process stopped, rank 0
+included, and leaves its verdict in ``<run>/health/verdict-attempt<k>.json``).
 Rank 0's thread is also the watchdog: a rank whose (step, phase) has not moved for the hang timeout is
 named with its phase, a verdict goes into the store, every rank dumps the Python stacks of all its threads
 (faulthandler) into ``<run>/health/stacks/``, and the job exits non-zero (``HANG_EXIT_CODE``) so that
@@ -195,6 +197,8 @@ class HealthMonitor:
         while not self._stop.wait(self.cfg.heartbeat_s):
             try:
                 self._beat()
+                if (outside := self._launcher_verdict()) is not None:
+                    self._on_verdict(outside)
                 if self._store.check(["verdict"]):
                     self._on_verdict(json.loads(self._store.get("verdict")))
                 if self.rank == 0:
@@ -204,6 +208,17 @@ class HealthMonitor:
                 failures += 1
                 if failures == 3:
                     log.warning("health: heartbeat store unreachable (%s: %s)", type(e).__name__, e)
+
+    def _launcher_verdict(self) -> dict[str, Any] | None:
+        """The verdict of the launcher's watch on a frozen rank of this attempt (a file: the frozen rank may be
+        rank 0, whose watchdog would have said it through the store), or None."""
+        if self.run_dir is None:
+            return None
+        path = health_dir(self.run_dir) / f"verdict-attempt{attempt()}.json"
+        try:
+            return dict(json.loads(path.read_text())) if path.is_file() else None
+        except (OSError, ValueError):
+            return None  # being written: the next beat reads it
 
     def _beat(self, final: bool = False, publish: bool = True) -> None:
         step, phase, since = self._state
@@ -215,6 +230,11 @@ class HealthMonitor:
             "in_phase_s": time.perf_counter() - since,
             "time": time.time(),
             "stats": self._published,
+            # for the launcher's watch (disttrain.launch.frozen_watch): which process, on which node, and how
+            # long it may go without progress in this phase
+            "pid": os.getpid(),
+            "node": int(os.environ.get("GROUP_RANK", "0")),
+            "timeout_s": self.timeout(phase if step else "init"),
         }
         try:
             if publish:
@@ -290,7 +310,7 @@ class HealthMonitor:
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
             record_exit(self.run_dir, self.rank, msg)
-        if self.rank == 0:
+        if self.rank == 0 and verdict.get("by") != "launcher":  # the launcher's watch has said it already
             where = f"; stacks in {stack_file.parent}" if stack_file else ""
             log_event(self.run_dir, "hang", **verdict)
             log.error("%s%s", msg, where)
@@ -303,7 +323,8 @@ class HealthMonitor:
         self._drop_backstop()
         self._store.set(f"dumped/{self.rank}", "1")
         deadline = time.perf_counter() + 3 * self.cfg.heartbeat_s + 5
-        others = [f"dumped/{r}" for r in range(self.world)]
+        frozen = {s["rank"] for s in verdict["stuck"] if s.get("frozen")}  # stopped: it dumps nothing
+        others = [f"dumped/{r}" for r in range(self.world) if r not in frozen]
         while time.perf_counter() < deadline and not self._store.check(others):
             time.sleep(0.05)
         if self.rank == 0:

@@ -13,6 +13,8 @@ kill_save_process      SIGKILL rank r's DCP save process before the process-mode
 write_error            an I/O error as rank r writes its shards of step k (a failing disk)
 read_error             an I/O error as rank r starts loading step k
 hang                   rank r sleeps for good in the forward of step k (the watchdog's case)
+freeze                 rank r stops (SIGSTOP: every thread, as a stuck driver call or a debugger leaves it)
+                       in the forward of step k; only a watcher outside the process can name it
 slow                   from step k on, rank r takes 3x its CPU time per step (a straggler)
 nan                    the loss of step k on rank r is NaN (once per process)
 ps_slow                parameter-server trainer r sleeps 50 ms per step from step k on
@@ -61,7 +63,7 @@ EVENTS: dict[str, hooks.EventPoint] = {
     "ps_server_hang": "ps_update",
     "ps_slow": "ps_step",
 }
-ON_LOSS = ("hang", "slow", "nan")  # on the "loss" value point
+ON_LOSS = ("hang", "freeze", "slow", "nan")  # on the "loss" value point
 KINDS = (*EVENTS, *ON_LOSS)
 EVERY_ATTEMPT = frozenset(IO_ERRORS)
 FROM_STEP_ON = frozenset({"slow", "ps_slow"})  # the others act at their step only
@@ -164,10 +166,13 @@ class Injector:
         return hook
 
     def on_loss(self, loss: Any, step: int, rank: int) -> Any:
-        """``hang``, then ``slow``, then ``nan``, in the first micro-step of step ``step``."""
+        """``hang``, ``freeze``, then ``slow``, then ``nan``, in the first micro-step of step ``step``."""
         if self.named("hang", step, rank):
             log.warning("fault injection: rank %d hangs in step %d", rank, step)
             sleep_forever()
+        if self.named("freeze", step, rank):
+            log.warning("fault injection: rank %d freezes (SIGSTOP) in step %d", rank, step)
+            os.kill(os.getpid(), signal.SIGSTOP)
         self.slow(step, rank)
         nan = Fault("nan", step, rank)
         if nan in self.faults and nan not in self.fired:

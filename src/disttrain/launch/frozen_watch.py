@@ -1,0 +1,198 @@
+"""The watch outside the workers: a thread of the launcher (the process that runs torchrun's agent, one per
+node, which a worker's fault cannot stop) that names a local rank whose whole process stopped.
+
+Rank 0's in-process watchdog (:mod:`disttrain.health.monitor`) names a rank that is alive but makes no
+progress; it cannot name rank 0 itself when rank 0 is frozen (SIGSTOP, a stuck driver call, a D-state I/O
+wait, a debugger), nor can a stopped process's own ``faulthandler`` backstop run. Every rank's heartbeat thread
+writes ``<run>/health/attempt<k>-rank<r>.json`` every ``health.heartbeat_s`` with its pid, node, step, phase and
+the hang timeout of that phase; a rank whose heartbeat is older than that timeout is frozen: its process runs
+no thread at all. Then this watch:
+
+1. names it on the console and in ``health/events.jsonl`` (rank, step, phase, seconds, process state);
+2. dumps what it can get of its stacks into ``health/stacks/``: ``py-spy dump`` when installed, the kernel's
+   ``/proc/<pid>/stack`` and each thread's ``wchan`` otherwise (the live ranks dump their own Python stacks);
+3. records the cause as the rank's exit reason (the restart event then names it, not "killed by a signal"),
+   leaves the verdict in ``health/verdict-attempt<k>.json`` for the live ranks (which dump their stacks and
+   exit) and SIGKILLs the frozen process, so that torchrun restarts the group from the last checkpoint.
+
+torch's ``elastic.timer.FileTimerServer`` does the kill part from the agent too, but ends the agent itself
+with the worker, names nobody and would have the training thread open a FIFO at every phase; the heartbeat
+files are already there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from disttrain.health.events import health_dir, log_event, record_exit
+
+STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O wait", "Z": "exited"}
+STALE_BEATS = 3
+"""A heartbeat at least this many periods old, beyond the phase's timeout, before a rank is called frozen."""
+
+
+def process_state(pid: int) -> str:
+    """The kernel's word for ``pid``'s state ('stopped', 'sleeping' ...), '' when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    code = stat[stat.rindex(")") + 2 :].split()[0]
+    return STATES.get(code, {"R": "running", "S": "sleeping"}.get(code, code))
+
+
+def stacks_of(pid: int, timeout_s: float = 10.0) -> str:
+    """What can be read of a stopped process's stacks from outside: py-spy's Python stacks when it is on PATH,
+    the kernel stack and every thread's wait channel from /proc."""
+    parts = []
+    if (spy := shutil.which("py-spy")) is not None:
+        try:
+            out = subprocess.run(
+                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+            parts.append(f"## py-spy dump --pid {pid}\n{out.stdout}{out.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            parts.append(f"## py-spy dump failed: {e}")
+    else:
+        parts.append("## py-spy is not installed (pip install py-spy): no Python stacks from outside the process")
+    for name in ("stack", "wchan"):
+        try:
+            parts.append(f"## /proc/{pid}/{name}\n{Path(f'/proc/{pid}/{name}').read_text()}")
+        except OSError as e:
+            parts.append(f"## /proc/{pid}/{name}: {e.strerror}")
+    threads = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            comm, wchan = (task / "comm").read_text().strip(), (task / "wchan").read_text().strip()
+        except OSError:
+            continue
+        threads.append(f"thread {task.name} ({comm}): waiting in {wchan or '-'}")
+    return "\n".join([*parts, "## threads", *threads]) + "\n"
+
+
+def read_beats(run_dir: Path, node: int) -> tuple[int, dict[int, dict[str, Any]]]:
+    """(the newest attempt, its heartbeats by rank) of this node's ranks, as their files hold them."""
+    beats: dict[int, dict[int, dict[str, Any]]] = {}
+    for p in (run_dir / "health").glob("attempt*-rank*.json"):
+        try:
+            beat = json.loads(p.read_text())
+            k, r = int(beat["attempt"]), int(beat["rank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if int(beat.get("node", 0)) == node:
+            beats.setdefault(k, {})[r] = beat
+    if not beats:
+        return -1, {}
+    newest = max(beats)
+    return newest, beats[newest]
+
+
+class FrozenWatch:
+    """A daemon thread over this node's ranks' heartbeat files (see the module doc); a context manager."""
+
+    def __init__(self, run_dir: Path, node: int, heartbeat_s: float) -> None:
+        self.run_dir, self.node, self.heartbeat_s = run_dir, node, heartbeat_s
+        self.started = time.time()
+        self.judged: set[int] = set()  # attempts with a verdict: one per attempt
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="disttrain-frozen-watch", daemon=True)
+
+    def __enter__(self) -> FrozenWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s / 2):
+            try:
+                self.check()
+            except Exception as e:  # the watch must never take the launcher down
+                print(f"disttrain: warning: the frozen-rank watch failed ({type(e).__name__}: {e})", file=sys.stderr)
+
+    def frozen(self, beats: dict[int, dict[str, Any]], now: float) -> list[int]:
+        """Ranks whose heartbeat stopped for longer than their phase's timeout (and a few periods), still
+        running by their last word (not finished, no exit recorded), in a process that still exists."""
+        out = []
+        for r, beat in sorted(beats.items()):
+            if beat.get("exit") or beat.get("phase") == "done" or "pid" not in beat:
+                continue
+            stale = now - float(beat["time"])
+            limit = float(beat.get("timeout_s", 0)) + STALE_BEATS * self.heartbeat_s
+            if beat["time"] >= self.started and stale > limit and process_state(int(beat["pid"])) not in ("", "exited"):
+                out.append(r)
+        return out
+
+    def check(self, now: float | None = None) -> dict[str, Any] | None:
+        """One look at the heartbeats: the verdict when a rank is frozen (after acting on it), else None."""
+        k, beats = read_beats(self.run_dir, self.node)
+        if k < 0 or k in self.judged:
+            return None
+        now = time.time() if now is None else now
+        frozen = self.frozen(beats, now)
+        if not frozen:
+            return None
+        self.judged.add(k)
+        return self.act(k, beats, frozen, now)
+
+    def act(self, k: int, beats: dict[int, dict[str, Any]], frozen: list[int], now: float) -> dict[str, Any]:
+        """Name, dump, record, hand the verdict to the live ranks, and end the frozen processes."""
+        stuck = []
+        for r in frozen:
+            b = beats[r]
+            stuck.append(
+                {
+                    "rank": r,
+                    "step": int(b["step"]) + (b["phase"] in ("data", "forward", "backward", "optimizer")),
+                    "phase": b["phase"],
+                    "idle_s": round(float(b["in_phase_s"]) + now - float(b["time"]), 2),
+                    "silent_s": round(now - float(b["time"]), 2),
+                    "pid": int(b["pid"]),
+                    "process": process_state(int(b["pid"])),
+                    "frozen": True,
+                }
+            )
+        verdict = {
+            "by": "launcher",
+            "node": self.node,
+            "stuck": stuck,
+            "waiting": sorted(set(beats) - set(frozen)),
+            "timeout_s": max(float(beats[r].get("timeout_s", 0)) for r in frozen),
+        }
+        stack_dir = health_dir(self.run_dir) / "stacks"
+        stack_dir.mkdir(exist_ok=True)
+        for s in stuck:
+            msg = (
+                f"hang: rank {s['rank']} frozen ({s['process']}, pid {s['pid']}): no heartbeat for "
+                f"{s['silent_s']:.1f}s, no progress for {s['idle_s']:.1f}s in phase {s['phase']!r} of step "
+                f"{s['step']} (timeout {verdict['timeout_s']:.1f}s)"
+            )
+            (stack_dir / f"attempt{k}-rank{s['rank']}-frozen.txt").write_text(f"# {msg}\n{stacks_of(s['pid'])}")
+            record_exit(self.run_dir, s["rank"], msg, k)
+            print(
+                f"disttrain: {msg}; stacks in {stack_dir}; ending the group so that the launcher restarts it from "
+                "the last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+        log_event(self.run_dir, "hang", **{**verdict, "attempt": k})
+        path = health_dir(self.run_dir) / f"verdict-attempt{k}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(verdict))
+        os.replace(tmp, path)
+        for s in stuck:
+            try:
+                os.kill(s["pid"], signal.SIGKILL)  # a stopped process dies of SIGKILL too
+            except ProcessLookupError:
+                pass
+        return verdict
