@@ -6,12 +6,13 @@ and their output (``disttrain estimate --measure``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 
 import torch
@@ -127,7 +128,8 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     if args.local_addr:
         set_interface_env(os.environ, args.local_addr)
     try:
-        run(args)
+        with _pruned(Path(args.log_dir) if args.log_dir and args.nnodes == "1" else None):
+            run(args)
     except SignalException as e:  # Ctrl-C (SIGINT) or a scheduler's SIGTERM: torchrun has stopped the workers
         return 128 + int(e.sigval)
     except KeyboardInterrupt:  # a Ctrl-C outside torchrun's own handler (start-up, shutdown)
@@ -143,6 +145,22 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
         print(f"disttrain: {who} failed with exit code {failure.exitcode}{where}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _pruned(log_dir: Path | None) -> Iterator[None]:
+    """Remove the empty folders under ``log_dir`` (and it, if empty) when torchrun is done: it makes one per rank
+    and attempt, filled only for the ranks whose output goes to files, or with the error file of a rank that
+    failed. One node only: on a shared file system another node's agent may still be using its empty ones."""
+    try:
+        yield
+    finally:
+        if log_dir is not None and log_dir.is_dir():
+            for folder in sorted((p for p in log_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):  # not empty
+                    folder.rmdir()
+            with contextlib.suppress(OSError):
+                log_dir.rmdir()
 
 
 def run_module_captured(
