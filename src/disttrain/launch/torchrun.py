@@ -7,7 +7,6 @@ and their output (``disttrain estimate --measure``).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import torch
 from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.health.peers import PEER_LOST_EXIT
+from disttrain.launch.agent_log import quiet_agent_log
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
 from disttrain.utils.malloc import CPU_MALLOC_ENV, allocator_is_ours
 
@@ -122,8 +122,7 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     from torch.distributed.run import get_args_parser, run
 
     worker_env_defaults(os.environ, nproc, device_type)
-    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_agent_log()  # a Ctrl-C is our one line, not three of the agent's warnings
     args = get_args_parser().parse_args(argv)
     if args.local_addr:
         set_interface_env(os.environ, args.local_addr)
