@@ -37,6 +37,9 @@ def wait_for_steps(run: Path, n: int) -> None:
 
 def one_line(err: str) -> str:
     assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    # torchrun's agent's "Received SIGINT death signal, shutting down workers" and "Sending process N closing
+    # signal SIGINT" (once per worker) said what our line says, three times, before it
+    assert "death signal" not in err and "closing signal" not in err, err[-3000:]
     lines = [x for x in err.splitlines() if x.startswith("disttrain: ")]
     assert len(lines) == 1, err[-3000:]
     return lines[0]

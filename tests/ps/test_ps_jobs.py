@@ -53,7 +53,12 @@ def ps_job(
     # the resolved job in the run folder is the one the workers ran
     written = load_toml(run / "config.toml", job=PSJobConfig)
     assert json.loads(json.dumps(to_dict(written))) == summary["config"] and written.run.name == name
+    assert not empty_folders(run), "a run folder holds no empty folders (torchrun's per-rank log folders)"
     return records, summary
+
+
+def empty_folders(run: Path) -> list[Path]:
+    return [p for p in run.rglob("*") if p.is_dir() and not any(p.iterdir())]
 
 
 # BSP over 2 trainers x 2 servers, 12 steps, server checkpoints every 4: the reference of the BSP equalities and
@@ -118,6 +123,13 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
     metrics = [json.loads(x) for x in (tmp_path / "nodes" / "n" / "metrics.jsonl").read_text().splitlines()]
     assert_close(torch.tensor([r["loss"] for r in metrics], dtype=torch.float64), losses, rtol=1e-5, atol=1e-6)
     assert_close(torch.tensor([r["loss"] for r in on_server], dtype=torch.float64), losses, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_a_tiny_ps_run_leaves_no_empty_folders(tmp_path: Path) -> None:
+    """torchrun made a log folder per rank that nothing was written to, and the health monitor a stacks folder
+    for the stacks of a hang that never came: ps_job checks every run folder has none."""
+    ps_job(tmp_path, "tiny", *TWO, "--train.steps", "3")
 
 
 @pytest.mark.slow

@@ -7,8 +7,6 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.checkpoint import tools as ckpt_tools
-
     p = argparse.ArgumentParser(prog="disttrain ckpt", description="Look into, check and convert checkpoints.")
     sub = p.add_subparsers(dest="action", required=True, metavar="ls|inspect|verify|export")
     where = "a run folder, its checkpoints folder, or one step-N folder"
@@ -38,6 +36,8 @@ def main(argv: list[str]) -> int:
         "--out", type=Path, default=None, help="default: model.<pt|safetensors>, or the folder hf/, in the run folder"
     )
     a = p.parse_args(argv)
+    from disttrain.checkpoint import tools as ckpt_tools
+
     if a.action == "ls":
         return ckpt_tools.ls(a.path, a.json)
     if a.action == "inspect":

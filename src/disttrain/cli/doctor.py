@@ -21,11 +21,11 @@ FLAGS = (
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.jobs import doctor
-
     line = parse_job(DoctorJobConfig, argv, "disttrain doctor", SUMMARY, FLAGS)
     if line is None:
         return 0
+    from disttrain.jobs import doctor
+
     cfg, launch = line.cfg.doctor, line.cfg.launch
     quick = cfg.quick or bool(line.flags["quick"])
     checks = doctor.run_checks(cfg.nproc, launch.nnodes, launch.node_rank, launch.rdzv_endpoint, cfg.port, quick)

@@ -31,11 +31,11 @@ FLAGS = (
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.jobs.estimate import run_estimate
-
     line = parse_job(JobConfig, argv, "disttrain estimate", SUMMARY, FLAGS)
     if line is None:
         return 0
+    from disttrain.jobs.estimate import run_estimate
+
     f = line.flags
     if f["reset_measurements"]:
         from disttrain.plan.timing import forget_efficiency

@@ -8,8 +8,6 @@ from disttrain.config import LaunchConfig
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.launch.torchrun import launch_script
-
     p = argparse.ArgumentParser(prog="disttrain launch", description="Run a script under torchrun semantics.")
     p.add_argument("-n", "--nproc", type=int, default=None, help="processes on this node (default: GPUs or 2)")
     p.add_argument("--nnodes", default="1")
@@ -20,6 +18,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
+    from disttrain.launch.torchrun import launch_script
+
     if a.slurm:
         from disttrain.launch.slurm import write_launch_sbatch
 

@@ -14,9 +14,9 @@ FLAGS = (
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.jobs.ps import launch_ps
-
     line = parse_job(PSJobConfig, argv, "disttrain ps", SUMMARY, FLAGS)
     if line is None:
         return 0
+    from disttrain.jobs.ps import launch_ps
+
     return launch_ps(line.cfg, plan=line.flags["plan"])

@@ -10,7 +10,6 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     from disttrain.errors import ConfigError
-    from disttrain.report import load_run, write_report
 
     p = argparse.ArgumentParser(prog="disttrain report", description="Plots and an HTML page for run folders.")
     p.add_argument("runs", nargs="+", type=Path, help="run folders (runs/NAME); several: curves overlaid")
@@ -22,6 +21,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=8008, help="--live: port (0: any free one)")
     p.add_argument("--refresh-s", type=float, default=5.0, help="--live: how often the page reloads")
     a = p.parse_args(argv)
+    from disttrain.report import load_run, write_report
+
     if a.refresh_s <= 0:
         raise ConfigError(f"--refresh-s must be > 0, got {a.refresh_s}")
     runs = [load_run(r) for r in a.runs]  # a clear error for a folder that is not a run, before serving

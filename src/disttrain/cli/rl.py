@@ -10,9 +10,9 @@ SUMMARY = """Actors play a gymnasium environment and send experience to one lear
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.jobs.rl import launch_rl
-
     line = parse_job(RLJobConfig, argv, "disttrain rl", SUMMARY)
     if line is None:
         return 0
+    from disttrain.jobs.rl import launch_rl
+
     return launch_rl(line.cfg)

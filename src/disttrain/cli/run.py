@@ -20,12 +20,12 @@ FLAGS = (
 
 
 def main(argv: list[str]) -> int:
-    from disttrain.jobs.run import launch_job
-    from disttrain.resolve import resolve
-
     line = parse_command(JobConfig, argv, "disttrain run", SUMMARY, FLAGS)
     if line is None:
         return 0
+    from disttrain.jobs.run import launch_job
+    from disttrain.resolve import resolve
+
     cfg = line.cfg
     if line.flags["slurm"]:
         from disttrain.launch.slurm import write_run_sbatch

@@ -10,9 +10,10 @@ rule, the value and the fix.
 (checkpoint, run, health), ``job`` (JobConfig, the batch arithmetic), ``io`` (TOML and dicts, with
 ``typecheck`` checking every value against its field's type), ``overrides`` (``--section.key value`` via tyro),
 ``command`` (the one command line of run, estimate, ps and rl: ``--config``, overrides, ``--print-config``,
-``--help``), ``values`` (dtype names, byte sizes, the check helper). The io, overrides and command functions take
-any job config of sections: JobConfig by default, the parameter server's and RL's (``ps.config``, ``rl.config``,
-which reuse the run, launch and health sections) with ``job=``.
+``--help``), ``helptext`` (the docstrings as ``--help`` text), ``values`` (dtype names, byte sizes, the check
+helper). The io, overrides and command functions take any job config of sections: JobConfig by default, the
+parameter server's and RL's (``ps.config``, ``rl.config``, which reuse the run, launch and health sections) with
+``job=``.
 
 Imports only ``disttrain.errors`` from disttrain (layer 1: everything else may import it).
 """

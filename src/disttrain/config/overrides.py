@@ -126,7 +126,10 @@ def parse_dataclass(
     import tyro
 
     if any(a in ("-h", "--help") for a in argv):
-        return cast(T, tyro.cli(cls, default=default, args=argv, prog=prog, description=description))
+        from disttrain.config.helptext import help_view
+
+        view, shown = help_view(cls, cls() if default is None else default)
+        tyro.cli(view, default=shown, args=argv, prog=prog, description=description)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):

@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import difflib
 import re
-
-import torch
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from disttrain.errors import ConfigError
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+
+class _Dtypes(Mapping[str, "torch.dtype"]):
+    """The dtype names, resolved to torch dtypes on lookup: the config (and so ``disttrain CMD --help``) imports
+    no torch; the names alone (``in``, iteration) need none."""
+
+    _NAMES: ClassVar[dict[str, str]] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+    def __getitem__(self, name: str) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self._NAMES[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._NAMES)
+
+    def __len__(self) -> int:
+        return len(self._NAMES)
+
+
+DTYPES: Mapping[str, torch.dtype] = _Dtypes()
 """The dtype names the config accepts (compute, reduction, export)."""
 
 

@@ -19,6 +19,7 @@ Events (hangs, stragglers, bad steps, rollbacks, restarts) are appended to ``<ru
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import faulthandler
 import json
@@ -189,6 +190,8 @@ class HealthMonitor:
             self._backstop.close()
             if name.stat().st_size == 0:
                 name.unlink()
+                with contextlib.suppress(OSError):  # another rank's file is there: a folder of stacks after all
+                    name.parent.rmdir()
             self._backstop = None
 
     # ---- the background thread ----

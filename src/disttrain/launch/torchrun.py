@@ -6,12 +6,12 @@ and their output (``disttrain estimate --measure``).
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ import torch
 from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.health.peers import PEER_LOST_EXIT
+from disttrain.launch.agent_log import quiet_agent_log
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
 from disttrain.utils.malloc import CPU_MALLOC_ENV, allocator_is_ours
 
@@ -121,13 +122,13 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     from torch.distributed.run import get_args_parser, run
 
     worker_env_defaults(os.environ, nproc, device_type)
-    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_agent_log()  # a Ctrl-C is our one line, not three of the agent's warnings
     args = get_args_parser().parse_args(argv)
     if args.local_addr:
         set_interface_env(os.environ, args.local_addr)
     try:
-        run(args)
+        with _pruned(Path(args.log_dir) if args.log_dir and args.nnodes == "1" else None):
+            run(args)
     except SignalException as e:  # Ctrl-C (SIGINT) or a scheduler's SIGTERM: torchrun has stopped the workers
         return 128 + int(e.sigval)
     except KeyboardInterrupt:  # a Ctrl-C outside torchrun's own handler (start-up, shutdown)
@@ -143,6 +144,22 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
         print(f"disttrain: {who} failed with exit code {failure.exitcode}{where}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _pruned(log_dir: Path | None) -> Iterator[None]:
+    """Remove the empty folders under ``log_dir`` (and it, if empty) when torchrun is done: it makes one per rank
+    and attempt, filled only for the ranks whose output goes to files, or with the error file of a rank that
+    failed. One node only: on a shared file system another node's agent may still be using its empty ones."""
+    try:
+        yield
+    finally:
+        if log_dir is not None and log_dir.is_dir():
+            for folder in sorted((p for p in log_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):  # not empty
+                    folder.rmdir()
+            with contextlib.suppress(OSError):
+                log_dir.rmdir()
 
 
 def run_module_captured(
