@@ -111,6 +111,7 @@ class HealthMonitor:
         self._seen: dict[int, tuple[Any, float]] = {}  # rank -> (last heartbeat, when rank 0 received it)
         self._judged_win = 0
         self.verdict: dict[str, Any] | None = None
+        self._verdict_once = threading.Lock()
 
     # ---- training-thread hooks (cheap) ----
     def phase(self, name: str) -> None:
@@ -162,6 +163,8 @@ class HealthMonitor:
         self._beat()  # a first record at once: a rank killed before its first period still leaves one
         self._thread = threading.Thread(target=self._loop, name="disttrain-health", daemon=True)
         self._thread.start()
+        if self.run_dir is not None:
+            threading.Thread(target=self._file_loop, name="disttrain-heartbeat-file", daemon=True).start()
 
     def _arm_backstop(self) -> None:
         """faulthandler's own C thread dumps every stack and exits if nothing moves for twice the timeout
@@ -194,14 +197,24 @@ class HealthMonitor:
                     name.parent.rmdir()
             self._backstop = None
 
-    # ---- the background thread ----
+    # ---- the background threads ----
+    def _file_loop(self) -> None:
+        """The heartbeat file and the launcher's verdict, on a thread of their own that never waits on the
+        network: when the store does not answer (its host frozen), the launcher's watch must still see this
+        rank alive, and this rank must still hear the verdict."""
+        while not self._stop.wait(self.cfg.heartbeat_s):
+            try:
+                write_state(self.run_dir, self.rank, self._record())
+                if (outside := self._launcher_verdict()) is not None:
+                    self._on_verdict(outside)
+            except OSError as e:  # a full or vanished disk: the store's heartbeats go on
+                log.debug("health: heartbeat file not written: %s", e)
+
     def _loop(self) -> None:
         failures = 0
         while not self._stop.wait(self.cfg.heartbeat_s):
             try:
-                self._beat()
-                if (outside := self._launcher_verdict()) is not None:
-                    self._on_verdict(outside)
+                self._beat(to_file=self.run_dir is None)
                 if self._store.check(["verdict"]):
                     self._on_verdict(json.loads(self._store.get("verdict")))
                 if self.rank == 0:
@@ -223,9 +236,10 @@ class HealthMonitor:
         except (OSError, ValueError):
             return None  # being written: the next beat reads it
 
-    def _beat(self, final: bool = False, publish: bool = True) -> None:
+    def _record(self) -> dict[str, Any]:
+        """This rank's heartbeat as published and mirrored."""
         step, phase, since = self._state
-        beat = {
+        return {
             "rank": self.rank,
             "attempt": attempt(),
             "step": step,
@@ -239,6 +253,9 @@ class HealthMonitor:
             "node": int(os.environ.get("GROUP_RANK", "0")),
             "timeout_s": self.timeout(phase if step else "init"),
         }
+
+    def _beat(self, final: bool = False, publish: bool = True, to_file: bool = True) -> None:
+        beat = self._record()
         try:
             if publish:
                 self._store.set(f"hb/{self.rank}", json.dumps(beat))
@@ -247,7 +264,8 @@ class HealthMonitor:
                 raise
         if final and publish:
             beat["exit"] = "finished"
-        write_state(self.run_dir, self.rank, beat)  # keeps an exit reason (a hang verdict's) recorded first
+        if to_file or final:
+            write_state(self.run_dir, self.rank, beat)  # keeps an exit reason (a hang verdict's) recorded first
 
     def _watch(self) -> None:
         keys = [f"hb/{r}" for r in range(self.world)]
@@ -297,10 +315,14 @@ class HealthMonitor:
 
     def _on_verdict(self, verdict: dict[str, Any]) -> None:
         """Every rank: dump all threads' stacks, note why in torchrun's error file, wait for the others
-        (bounded), exit non-zero so the launcher restarts the job from the last checkpoint."""
+        (bounded), exit non-zero so the launcher restarts the job from the last checkpoint. Once: the store's
+        verdict and the launcher's may both arrive."""
+        if not self._verdict_once.acquire(blocking=False):
+            return  # the other thread is on its way out already
         self.verdict = verdict
         who = "; ".join(
             f"rank {s['rank']} made no progress for {s['idle_s']:.1f}s in phase {s['phase']!r} of step {s['step']}"
+            + (" (its process stopped)" if s.get("frozen") else "")
             for s in verdict["stuck"]
         )
         msg = f"hang: {who} (timeout {verdict['timeout_s']:.1f}s)"
@@ -324,16 +346,20 @@ class HealthMonitor:
             )
         write_elastic_error(msg)
         self._drop_backstop()
+        if verdict.get("by") != "launcher":  # (after the launcher's, the store may be out of reach: rank 0 froze)
+            self._wait_for_dumps()
+        logging.shutdown()
+        os._exit(HANG_EXIT_CODE)
+
+    def _wait_for_dumps(self) -> None:
+        """Say this rank dumped its stacks, and give the others a moment to do the same (bounded)."""
         self._store.set(f"dumped/{self.rank}", "1")
         deadline = time.perf_counter() + 3 * self.cfg.heartbeat_s + 5
-        frozen = {s["rank"] for s in verdict["stuck"] if s.get("frozen")}  # stopped: it dumps nothing
-        others = [f"dumped/{r}" for r in range(self.world) if r not in frozen]
+        others = [f"dumped/{r}" for r in range(self.world)]
         while time.perf_counter() < deadline and not self._store.check(others):
             time.sleep(0.05)
         if self.rank == 0:
             time.sleep(0.5)  # rank 0 hosts the store: leave last
-        logging.shutdown()
-        os._exit(HANG_EXIT_CODE)
 
     def _check_stragglers(self, beats: dict[int, dict[str, Any]]) -> None:
         """Compare the newest window every rank has published; name ranks slower than the others' median."""

@@ -19,6 +19,7 @@ from disttrain.config import JobConfig
 from disttrain.jobs.doctor import ensure_machine
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
+from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.launch.slurm import requeue
 from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
 from disttrain.parallel.env import resolve_device_type
@@ -70,7 +71,10 @@ def launch_job(cfg: JobConfig) -> int:
     else:
         argv = torchrun_argv(nproc, cfg.launch, run_dir / "logs" / "torchrun", quiet_ranks=True)
         endpoint = cfg.launch.rdzv_endpoint
-        with AgentWatch(run_dir, endpoint, cfg.launch.max_restarts) if endpoint else contextlib.nullcontext():
+        with (
+            AgentWatch(run_dir, endpoint, cfg.launch.max_restarts) if endpoint else contextlib.nullcontext(),
+            watch_frozen(cfg.health, run_dir, cfg.launch.node_rank),
+        ):
             code = run_torchrun([*argv, "-m", "disttrain.jobs.run_worker", str(run_dir)], nproc, device)
     if code in STOPPED_CODES:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a second Ctrl-C must not cut the line

@@ -22,6 +22,7 @@ files are already there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,9 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from disttrain.config import HealthConfig
 from disttrain.health.events import health_dir, log_event, record_exit
 
 STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O wait", "Z": "exited"}
+IN_STEP = ("data", "forward", "backward", "optimizer")
 STALE_BEATS = 3
 """A heartbeat at least this many periods old, beyond the phase's timeout, before a rank is called frozen."""
 
@@ -57,9 +60,13 @@ def stacks_of(pid: int, timeout_s: float = 10.0) -> str:
     if (spy := shutil.which("py-spy")) is not None:
         try:
             out = subprocess.run(
-                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s, check=False
+                [spy, "dump", "--nonblocking", "--pid", str(pid)],  # nonblocking: no ptrace stop, it is stopped
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
             )
-            parts.append(f"## py-spy dump --pid {pid}\n{out.stdout}{out.stderr}")
+            parts.append(f"## py-spy dump --nonblocking --pid {pid}\n{out.stdout}{out.stderr}")
         except (OSError, subprocess.TimeoutExpired) as e:
             parts.append(f"## py-spy dump failed: {e}")
     else:
@@ -121,15 +128,19 @@ class FrozenWatch:
                 print(f"disttrain: warning: the frozen-rank watch failed ({type(e).__name__}: {e})", file=sys.stderr)
 
     def frozen(self, beats: dict[int, dict[str, Any]], now: float) -> list[int]:
-        """Ranks whose heartbeat stopped for longer than their phase's timeout (and a few periods), still
-        running by their last word (not finished, no exit recorded), in a process that still exists."""
+        """Ranks whose heartbeat stopped for longer than the job's hang timeout (and a few periods), still
+        running by their last word (not finished, no exit recorded), in a process that still exists. The
+        timeout is the shortest any running rank reports: a rank frozen before its first beat of a step still
+        says 'init' (the start-up limit), while its peers, stepping, say the step's."""
+        running = {r: b for r, b in beats.items() if not b.get("exit") and b.get("phase") != "done" and "pid" in b}
+        if not running:
+            return []
+        timeout = min(float(b.get("timeout_s", float("inf"))) for b in running.values())
         out = []
-        for r, beat in sorted(beats.items()):
-            if beat.get("exit") or beat.get("phase") == "done" or "pid" not in beat:
-                continue
+        for r, beat in sorted(running.items()):
             stale = now - float(beat["time"])
-            limit = float(beat.get("timeout_s", 0)) + STALE_BEATS * self.heartbeat_s
-            if beat["time"] >= self.started and stale > limit and process_state(int(beat["pid"])) not in ("", "exited"):
+            alive = process_state(int(beat["pid"])) not in ("", "exited")
+            if beat["time"] >= self.started and stale > timeout + STALE_BEATS * self.heartbeat_s and alive:
                 out.append(r)
         return out
 
@@ -147,35 +158,23 @@ class FrozenWatch:
 
     def act(self, k: int, beats: dict[int, dict[str, Any]], frozen: list[int], now: float) -> dict[str, Any]:
         """Name, dump, record, hand the verdict to the live ranks, and end the frozen processes."""
-        stuck = []
-        for r in frozen:
-            b = beats[r]
-            stuck.append(
-                {
-                    "rank": r,
-                    "step": int(b["step"]) + (b["phase"] in ("data", "forward", "backward", "optimizer")),
-                    "phase": b["phase"],
-                    "idle_s": round(float(b["in_phase_s"]) + now - float(b["time"]), 2),
-                    "silent_s": round(now - float(b["time"]), 2),
-                    "pid": int(b["pid"]),
-                    "process": process_state(int(b["pid"])),
-                    "frozen": True,
-                }
-            )
+        stuck = [self._where(r, beats, frozen, now) for r in frozen]
         verdict = {
             "by": "launcher",
             "node": self.node,
             "stuck": stuck,
             "waiting": sorted(set(beats) - set(frozen)),
-            "timeout_s": max(float(beats[r].get("timeout_s", 0)) for r in frozen),
+            "timeout_s": min(float(b.get("timeout_s", float("inf"))) for b in beats.values() if "pid" in b),
         }
         stack_dir = health_dir(self.run_dir) / "stacks"
         stack_dir.mkdir(exist_ok=True)
         for s in stuck:
+            where = (
+                f"in phase {s['phase']!r} of step {s['step']}" if s["phase"] != "unknown" else f"in step {s['step']}"
+            )
             msg = (
                 f"hang: rank {s['rank']} frozen ({s['process']}, pid {s['pid']}): no heartbeat for "
-                f"{s['silent_s']:.1f}s, no progress for {s['idle_s']:.1f}s in phase {s['phase']!r} of step "
-                f"{s['step']} (timeout {verdict['timeout_s']:.1f}s)"
+                f"{s['silent_s']:.1f}s {where}, where the other ranks wait for it (timeout {verdict['timeout_s']:.1f}s)"
             )
             (stack_dir / f"attempt{k}-rank{s['rank']}-frozen.txt").write_text(f"# {msg}\n{stacks_of(s['pid'])}")
             record_exit(self.run_dir, s["rank"], msg, k)
@@ -190,9 +189,48 @@ class FrozenWatch:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(verdict))
         os.replace(tmp, path)
+        self._let_the_others_dump([int(beats[r]["pid"]) for r in verdict["waiting"] if "pid" in beats[r]])
         for s in stuck:
             try:
                 os.kill(s["pid"], signal.SIGKILL)  # a stopped process dies of SIGKILL too
             except ProcessLookupError:
                 pass
         return verdict
+
+    @staticmethod
+    def _where(r: int, beats: dict[int, dict[str, Any]], frozen: list[int], now: float) -> dict[str, Any]:
+        """Where frozen rank ``r`` stopped: its last heartbeat's step and phase, or, when the ranks waiting
+        for it are in a later step (it froze between two of its heartbeats), their step: a synchronous job's
+        ranks wait in the step that the frozen one never finished."""
+        b = beats[r]
+
+        def step_of(beat: dict[str, Any]) -> int:
+            return int(beat["step"]) + (beat["phase"] in IN_STEP)
+
+        waiting = [step_of(beats[q]) for q in beats if q not in frozen and "pid" in beats[q]]
+        step, phase = step_of(b), b["phase"]
+        if waiting and min(waiting) > step:
+            step, phase = min(waiting), "unknown"
+        return {
+            "rank": r,
+            "step": step,
+            "phase": phase,
+            "last_heard": {"step": int(b["step"]), "phase": b["phase"]},
+            "idle_s": round(float(b["in_phase_s"]) + now - float(b["time"]), 2),
+            "silent_s": round(now - float(b["time"]), 2),
+            "pid": int(b["pid"]),
+            "process": process_state(int(b["pid"])),
+            "frozen": True,
+        }
+
+    def _let_the_others_dump(self, pids: list[int]) -> None:
+        """Wait (bounded) until the live ranks, which read the verdict at their next heartbeat, have dumped their
+        stacks and left: once the frozen rank is killed, torchrun ends them at once."""
+        deadline = time.monotonic() + 4 * self.heartbeat_s + 3
+        while time.monotonic() < deadline and any(process_state(p) not in ("", "exited") for p in pids):
+            time.sleep(0.05)
+
+
+def watch_frozen(cfg: HealthConfig, run_dir: Path, node: int) -> contextlib.AbstractContextManager[Any]:
+    """The watch over this node's ranks while torchrun runs them (nothing when health monitoring is off)."""
+    return FrozenWatch(run_dir, node, cfg.heartbeat_s) if cfg.enabled else contextlib.nullcontext()
