@@ -274,3 +274,26 @@ def test_a_wedged_server_is_caught_by_the_trainers_hang_watchdog(tmp_path: Path)
     stacks = tmp_path / "hang" / "health" / "stacks"
     assert sorted(p.name for p in stacks.glob("*.txt")) == ["attempt0-rank0.txt", "attempt0-rank1.txt"]
     assert "push" in (stacks / "attempt0-rank0.txt").read_text()  # the stack shows where it waits
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_frozen_server_is_named_by_the_launcher_and_the_job_resumes_exactly(
+    tmp_path: Path, bsp_2x2: tuple[list[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """server0 (rank 2) stops (SIGSTOP) applying step 7: its heartbeat file goes silent, the launcher names it
+    within the hang timeout + 5 s, the trainers leave on its verdict, and the restarted job resumes after step 4
+    with the clean run's losses."""
+    _, (clean, _) = TWO_BY_TWO, bsp_2x2
+    freeze = {"DISTTRAIN_FAULT": "ps_server_freeze:7:2"}
+    fast = ["--health.hang-timeout-s", "4", "--health.heartbeat-s", "0.5", "--launch.max-restarts", "1"]
+    records, _ = ps_job(tmp_path, "frozen", *TWO_BY_TWO, *fast, env=freeze)
+    events = [json.loads(x) for x in (tmp_path / "frozen" / "health" / "events.jsonl").read_text().splitlines()]
+    (hang,) = [e for e in events if e["event"] == "hang"]
+    (stuck,) = hang["stuck"]
+    assert hang["by"] == "launcher" and stuck["rank"] == 2 and stuck["role"] == "server0", hang
+    assert stuck["process"] == "stopped" and stuck["silent_s"] <= 4 + 5, hang
+    steps = [r["step"] for r in records]
+    assert steps[-1] == 12 and steps.count(5) == 2, steps  # steps 5.. ran again after the resume
+    after = torch.tensor([r["loss"] for r in records[-8:]], dtype=torch.float64)
+    assert_close(after, torch.tensor([r["loss"] for r in clean[4:]], dtype=torch.float64), rtol=0, atol=0)

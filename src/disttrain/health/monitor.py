@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from disttrain.config import HealthConfig
 from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error, write_state
+from disttrain.health.heartbeat import Heartbeat
 
 log = logging.getLogger("disttrain")
 
@@ -112,6 +113,7 @@ class HealthMonitor:
         self._judged_win = 0
         self.verdict: dict[str, Any] | None = None
         self._verdict_once = threading.Lock()
+        self._file_beat: Heartbeat | None = None
 
     # ---- training-thread hooks (cheap) ----
     def phase(self, name: str) -> None:
@@ -163,8 +165,9 @@ class HealthMonitor:
         self._beat()  # a first record at once: a rank killed before its first period still leaves one
         self._thread = threading.Thread(target=self._loop, name="disttrain-health", daemon=True)
         self._thread.start()
-        if self.run_dir is not None:
-            threading.Thread(target=self._file_loop, name="disttrain-heartbeat-file", daemon=True).start()
+        if self.run_dir is not None:  # the file, on a thread that never waits on the store (its host may freeze)
+            self._file_beat = Heartbeat(self.run_dir, self.rank, self._record, self.cfg.heartbeat_s, self._on_verdict)
+            self._file_beat.start()
 
     def _arm_backstop(self) -> None:
         """faulthandler's own C thread dumps every stack and exits if nothing moves for twice the timeout
@@ -178,6 +181,8 @@ class HealthMonitor:
         """Stop the thread; ``finished``: the loop ran to its end (else the last phase is kept for the log)."""
         if finished:
             self.phase("done")
+        if self._file_beat is not None:
+            self._file_beat.stop()
         if self._thread is not None:
             self._stop.set()
             # after a failure the store may be out of reach (a cut link, a lost node): never wait on it then
@@ -198,18 +203,6 @@ class HealthMonitor:
             self._backstop = None
 
     # ---- the background threads ----
-    def _file_loop(self) -> None:
-        """The heartbeat file and the launcher's verdict, on a thread of their own that never waits on the
-        network: when the store does not answer (its host frozen), the launcher's watch must still see this
-        rank alive, and this rank must still hear the verdict."""
-        while not self._stop.wait(self.cfg.heartbeat_s):
-            try:
-                write_state(self.run_dir, self.rank, self._record())
-                if (outside := self._launcher_verdict()) is not None:
-                    self._on_verdict(outside)
-            except OSError as e:  # a full or vanished disk: the store's heartbeats go on
-                log.debug("health: heartbeat file not written: %s", e)
-
     def _loop(self) -> None:
         failures = 0
         while not self._stop.wait(self.cfg.heartbeat_s):
@@ -224,17 +217,6 @@ class HealthMonitor:
                 failures += 1
                 if failures == 3:
                     log.warning("health: heartbeat store unreachable (%s: %s)", type(e).__name__, e)
-
-    def _launcher_verdict(self) -> dict[str, Any] | None:
-        """The verdict of the launcher's watch on a frozen rank of this attempt (a file: the frozen rank may be
-        rank 0, whose watchdog would have said it through the store), or None."""
-        if self.run_dir is None:
-            return None
-        path = health_dir(self.run_dir) / f"verdict-attempt{attempt()}.json"
-        try:
-            return dict(json.loads(path.read_text())) if path.is_file() else None
-        except (OSError, ValueError):
-            return None  # being written: the next beat reads it
 
     def _record(self) -> dict[str, Any]:
         """This rank's heartbeat as published and mirrored."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.errors import ConfigError
+from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSJobConfig
 from disttrain.ps.plan import render_plan
@@ -45,7 +46,8 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
     def name(rank: int) -> str:
         return f"trainer{rank} (rank {rank})" if rank < ps.trainers else f"server{rank - ps.trainers} (rank {rank})"
 
-    code = run_torchrun([*argv, "-m", "disttrain.jobs.ps_worker", str(run_dir)], nproc, "cpu", name)
+    with watch_frozen(cfg.health, run_dir, cfg.launch.node_rank):
+        code = run_torchrun([*argv, "-m", "disttrain.jobs.ps_worker", str(run_dir)], nproc, "cpu", name)
     if code == 1:  # the line above named the rank; how to go on (a trainer may have said it first)
         back = resume_hint(run_dir, "server")
         print(f"disttrain ps: the job stopped; {back}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import load_toml, to_dict
 from disttrain.errors import RpcError
 from disttrain.health.events import log_event, record_exit
+from disttrain.health.heartbeat import ProgressBeat
 from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
@@ -26,6 +27,7 @@ from disttrain.ps.config import PSJobConfig
 from disttrain.ps.trainer import PSResult, PSTrainer
 from disttrain.rpc import transport
 from disttrain.testing.faults import install_if_requested
+from disttrain.utils import hooks
 from disttrain.utils.process import exit_now, run_and_exit
 
 
@@ -88,7 +90,12 @@ def main(argv: list[str]) -> int:
     transport.init(me, rank, world, timeout_s=cfg.ps.rpc_timeout_s)
     if rank < cfg.ps.trainers:
         train(cfg, rank, servers, run_dir)
-    transport.shutdown()
+        transport.shutdown()
+        return 0
+    with ProgressBeat(run_dir, rank, me, cfg.health) as beat:  # a server: the launcher names it if it freezes
+        remove = hooks.on("ps_update", lambda step, _rank: beat.progress(step))
+        transport.shutdown()  # serves until every trainer is done
+        remove()
     return 0
 
 

@@ -24,6 +24,7 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
+from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.utils.host import free_port
@@ -60,10 +61,11 @@ def world_size(cfg: RLJobConfig) -> int:
     return 1 + cfg.rl.actors + cfg.rl.spare_actors
 
 
-def start(rank: int, world: int, host: str, port: int, run_dir: Path) -> subprocess.Popen[bytes]:
+def start(rank: int, world: int, host: str, port: int, run_dir: Path, node: int = 0) -> subprocess.Popen[bytes]:
     env = dict(
         os.environ,
         RANK=str(rank),
+        GROUP_RANK=str(node),  # whose launcher watches its heartbeat
         WORLD_SIZE=str(world),
         MASTER_ADDR=host,
         MASTER_PORT=str(port),
@@ -90,9 +92,10 @@ def launch_rl(cfg: RLJobConfig) -> int:
             f"envs, inference on the {rl.inference}; run folder {run_dir}",
             flush=True,
         )
-    procs = {r: start(r, world_size(cfg), host, port, run_dir) for r in ranks}
+    procs = {r: start(r, world_size(cfg), host, port, run_dir, cfg.launch.node_rank) for r in ranks}
     try:
-        return Watch(cfg, procs, run_dir, (host, port)).run()
+        with watch_frozen(cfg.health, run_dir, cfg.launch.node_rank):  # names a learner or actor that froze
+            return Watch(cfg, procs, run_dir, (host, port)).run()
     except KeyboardInterrupt:
         for p in procs.values():
             p.send_signal(signal.SIGINT)

@@ -16,6 +16,7 @@ import torch
 
 from disttrain.config import load_toml, to_dict
 from disttrain.health.events import log_event
+from disttrain.health.heartbeat import ProgressBeat
 from disttrain.rl import learner as learner_mod
 from disttrain.rl import state
 from disttrain.rl.actor import Actor
@@ -113,6 +114,18 @@ def main(argv: list[str]) -> int:
     actors = cfg.rl.actors
     name = "learner" if rank == 0 else f"actor{rank - 1}" if rank <= actors else f"spare{rank - actors - 1}"
     transport.init(name, rank, world, timeout_s=cfg.rl.rpc_timeout_s)
+    with ProgressBeat(run_dir, rank, name, cfg.health) as beat:  # the launcher names one whose process stops
+        remove = hooks.on("learner_update" if rank == 0 else "actor_chunk", lambda step, _rank: beat.progress(step))
+        try:
+            play(cfg, rank, run_dir)
+        finally:
+            remove()
+    return 0
+
+
+def play(cfg: RLJobConfig, rank: int, run_dir: Path) -> None:
+    """This rank's part: the learner's loop and the summary (rank 0), or an actor's (or a spare's)."""
+    actors = cfg.rl.actors
     if rank == 0:
         final = learn(cfg, run_dir)
         summary = {"config": to_dict(cfg), **final}
@@ -131,7 +144,6 @@ def main(argv: list[str]) -> int:
             res = Actor(cfg, index, env_spec(cfg.rl.env_id), rank).run()
             (run_dir / "logs" / f"actor{index}.json").write_text(json.dumps(res) + "\n")
         transport.shutdown(graceful=False, peers=[0])
-    return 0
 
 
 def wait_as_spare() -> int | None:

@@ -103,6 +103,18 @@ def read_beats(run_dir: Path, node: int) -> tuple[int, dict[int, dict[str, Any]]
     return newest, beats[newest]
 
 
+def message(s: dict[str, Any], timeout_s: float) -> str:
+    """'hang: rank 0 frozen (stopped, pid 123): no heartbeat for 4.1s in step 8 (phase 'forward') ...'."""
+    who = f"rank {s['rank']}" + (f" ({s['role']})" if "role" in s else "")
+    where = f" in step {s['step']}" + (
+        f" (phase {s['phase']!r})" if s["phase"] not in ("unknown", s.get("role")) else ""
+    )
+    return (
+        f"hang: {who} frozen ({s['process']}, pid {s['pid']}): no heartbeat for {s['silent_s']:.1f}s{where} "
+        f"(timeout {timeout_s:.1f}s)"
+    )
+
+
 class FrozenWatch:
     """A daemon thread over this node's ranks' heartbeat files (see the module doc); a context manager."""
 
@@ -159,37 +171,22 @@ class FrozenWatch:
     def act(self, k: int, beats: dict[int, dict[str, Any]], frozen: list[int], now: float) -> dict[str, Any]:
         """Name, dump, record, hand the verdict to the live ranks, and end the frozen processes."""
         stuck = [self._where(r, beats, frozen, now) for r in frozen]
-        verdict = {
-            "by": "launcher",
-            "node": self.node,
-            "stuck": stuck,
-            "waiting": sorted(set(beats) - set(frozen)),
-            "timeout_s": min(float(b.get("timeout_s", float("inf"))) for b in beats.values() if "pid" in b),
-        }
+        waiting = sorted(set(beats) - set(frozen))
+        timeout = min(float(b.get("timeout_s", float("inf"))) for b in beats.values() if "pid" in b)
+        verdict = {"by": "launcher", "node": self.node, "stuck": stuck, "waiting": waiting, "timeout_s": timeout}
         stack_dir = health_dir(self.run_dir) / "stacks"
         stack_dir.mkdir(exist_ok=True)
         for s in stuck:
-            where = (
-                f"in phase {s['phase']!r} of step {s['step']}" if s["phase"] != "unknown" else f"in step {s['step']}"
-            )
-            msg = (
-                f"hang: rank {s['rank']} frozen ({s['process']}, pid {s['pid']}): no heartbeat for "
-                f"{s['silent_s']:.1f}s {where}, where the other ranks wait for it (timeout {verdict['timeout_s']:.1f}s)"
-            )
+            msg = message(s, timeout)
             (stack_dir / f"attempt{k}-rank{s['rank']}-frozen.txt").write_text(f"# {msg}\n{stacks_of(s['pid'])}")
             record_exit(self.run_dir, s["rank"], msg, k)
-            print(
-                f"disttrain: {msg}; stacks in {stack_dir}; ending the group so that the launcher restarts it from "
-                "the last checkpoint",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"disttrain: {msg}; stacks in {stack_dir}; ending it", file=sys.stderr, flush=True)
         log_event(self.run_dir, "hang", **{**verdict, "attempt": k})
         path = health_dir(self.run_dir) / f"verdict-attempt{k}.json"
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(verdict))
         os.replace(tmp, path)
-        self._let_the_others_dump([int(beats[r]["pid"]) for r in verdict["waiting"] if "pid" in beats[r]])
+        self._let_the_others_dump([int(beats[r]["pid"]) for r in waiting if "pid" in beats[r]])
         for s in stuck:
             try:
                 os.kill(s["pid"], signal.SIGKILL)  # a stopped process dies of SIGKILL too
@@ -213,6 +210,7 @@ class FrozenWatch:
             step, phase = min(waiting), "unknown"
         return {
             "rank": r,
+            **({"role": b["role"]} if "role" in b else {}),
             "step": step,
             "phase": phase,
             "last_heard": {"step": int(b["step"]), "phase": b["phase"]},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from disttrain.config import LaunchConfig, RunConfig
+from disttrain.config import HealthConfig, LaunchConfig, RunConfig
 from disttrain.config.values import check
 
 
@@ -155,14 +155,16 @@ class RLCheckpointConfig:
 @dataclasses.dataclass
 class RLJobConfig:
     """Actors play a gymnasium environment and send experience to one learner over RPC. Nodes: ``--launch.nnodes
-    2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` (rank 0, the learner, on node 0; actors spread over
-    the nodes)."""
+        2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` (rank 0, the learner, on node 0; actors spread over
+        the nodes). ``[health]``: the learner and every actor write heartbeats; one whose process stops is named and
+    ended within ``health.hang_timeout_s`` (else ``health.hang_floor_s``)."""
 
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
     train: RLTrainConfig = dataclasses.field(default_factory=RLTrainConfig)
     checkpoint: RLCheckpointConfig = dataclasses.field(default_factory=RLCheckpointConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
         check(

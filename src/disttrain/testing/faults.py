@@ -22,6 +22,9 @@ ps_server_kill         SIGKILL the server of rank r as it applies update k of a 
 ps_server_hang         the server of rank r stops answering at update k of a table
 rl_actor_kill          SIGKILL the RL actor of rank r after its chunk k
 rl_learner_kill        SIGKILL the RL learner (rank 0) after its update k
+ps_server_freeze       SIGSTOP the server of rank r as it applies update k of a table
+rl_actor_freeze        SIGSTOP the RL actor of rank r after its chunk k
+rl_learner_freeze      SIGSTOP the RL learner (rank 0) after its update k
 =====================  ==================================================================================
 
 All but the I/O errors act on a job's first attempt only, so a job that torchrun restarts then runs through.
@@ -55,9 +58,15 @@ KILLS: dict[str, hooks.EventPoint] = {
     "rl_actor_kill": "actor_chunk",
     "rl_learner_kill": "learner_update",
 }
+STOPS: dict[str, hooks.EventPoint] = {
+    "ps_server_freeze": "ps_update",
+    "rl_actor_freeze": "actor_chunk",
+    "rl_learner_freeze": "learner_update",
+}
 IO_ERRORS: dict[str, hooks.EventPoint] = {"write_error": "shards_write", "read_error": "load_start"}
 EVENTS: dict[str, hooks.EventPoint] = {
     **KILLS,
+    **STOPS,
     **IO_ERRORS,
     "kill_save_process": "process_save_start",
     "ps_server_hang": "ps_update",
@@ -185,6 +194,9 @@ def act(kind: str, step: int, rank: int) -> None:
     """What an event fault does where it is named."""
     if kind in KILLS:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif kind in STOPS:
+        log.warning("fault injection: rank %d freezes (SIGSTOP) at %s %d", rank, kind, step)
+        os.kill(os.getpid(), signal.SIGSTOP)
     elif kind in IO_ERRORS:
         raise OSError(errno.EIO, f"injected I/O error (DISTTRAIN_FAULT={kind}:{step}:{rank})")
     elif kind == "kill_save_process":
