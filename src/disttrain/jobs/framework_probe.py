@@ -22,7 +22,7 @@ from disttrain.plan.machine import LinkFit
 
 PROBE_BLOCKS = 16
 """Units in the FSDP probe: enough that their fixed cost dwarfs the noise of one step."""
-PROBE_WIDTH = 32
+PROBE_WIDTH = 16
 """Width of a probe block: small, so that the hooks, not the FLOPs or the bytes, set the step."""
 
 
@@ -58,44 +58,56 @@ def op_seconds(iters: int = 30) -> float:
     return statistics.median(times) / (3 * max(ops.count, 1))
 
 
-def _probe_model(blocks: int, width: int) -> nn.Sequential:
-    gen = torch.Generator().manual_seed(0)
-    layers = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)]
-    model = nn.Sequential(*layers)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model
-
-
-def fsdp_probe(group: Any = None, steps: int = 7) -> dict[str, Any]:
-    """Every rank of ``group``: the median forward + backward time of :data:`PROBE_BLOCKS` tiny blocks sharded
-    one unit per block, and as one unit, alternating (load drifting over the probe hits both alike)."""
+def _probe_step(blocks_per_unit: int) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """The built-in GPT of :data:`PROBE_BLOCKS` blocks of width :data:`PROBE_WIDTH`, parallelized with FSDP as a
+    job on this machine runs it (its default precision, prefetch and reshard) with ``blocks_per_unit``, its
+    optimizer, and a batch."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    n = dist.get_world_size(group)
-    mesh = init_device_mesh("cpu", (n,))
-    per_block, one = _probe_model(PROBE_BLOCKS, PROBE_WIDTH), _probe_model(PROBE_BLOCKS, PROBE_WIDTH)
-    for block in per_block:
-        fully_shard(block, mesh=mesh)
-    fully_shard(per_block, mesh=mesh)
-    fully_shard(one, mesh=mesh)
-    x = torch.randn(4, PROBE_WIDTH)
-    times: dict[str, list[float]] = {"per_block": [], "one": []}
+    from disttrain.config import from_dict
+    from disttrain.models.gpt import GPT, GPTConfig
+    from disttrain.parallel.env import resolve_precision
+    from disttrain.parallel.mesh import ParallelDims
+    from disttrain.parallel.strategy import parallelize
+    from disttrain.train.optim import build_optimizer
+
+    cfg = from_dict({"parallel": {"device": "cpu", "strategy": "fsdp", "blocks_per_unit": blocks_per_unit}})
+    precision = resolve_precision(cfg.precision, "cpu")
+    model = GPT(GPTConfig(vocab_size=32, n_layers=PROBE_BLOCKS, d_model=PROBE_WIDTH, n_heads=2, context=8))
+    world = dist.get_world_size()
+    dims = ParallelDims.from_config(cfg.parallel, world, world, "fsdp")
+    wrapped = parallelize(model, cfg.parallel, precision, dims=dims, device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 32, (2, 8), generator=gen)
+    return wrapped, build_optimizer(wrapped.module, cfg), x, torch.roll(x, -1, 1)
+
+
+def fsdp_probe(steps: int = 7) -> dict[str, Any]:
+    """Every rank of the default group: the median time of a whole training step (forward, backward, the global
+    clip, the optimizer) of :data:`PROBE_BLOCKS` tiny transformer blocks sharded one unit per block, and as one
+    unit, alternating (load drifting over the probe hits both alike)."""
+    import torch.distributed as dist
+
+    layouts = {"per_block": _probe_step(1), "one": _probe_step(PROBE_BLOCKS)}
+    times: dict[str, list[float]] = {name: [] for name in layouts}
     for i in range(steps + 1):
-        for name, model in (("per_block", per_block), ("one", one)):
-            dist.barrier(group=group)
+        for name, (model, optimizer, x, y) in layouts.items():
+            dist.barrier()
             t0 = time.perf_counter()
-            model(x).sum().backward()
-            if i:  # the first step sets up buffers
+            logits = model(x)
+            torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten()).backward()
+            model.clip_grad_norm_(1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if i:  # the first step sets up buffers and the optimizer's state
                 times[name].append(time.perf_counter() - t0)
-    block_bytes = sum(p.numel() for p in per_block[0].parameters()) * 4
+    block = layouts["one"][0].module.blocks[0]
+    numel = sum(p.numel() for p in block.parameters()) // dist.get_world_size()  # sharded: a rank's part
+    numel *= dist.get_world_size()
     return {
-        "nranks": n,
+        "nranks": dist.get_world_size(),
         "blocks": PROBE_BLOCKS,
-        "block_bytes": block_bytes,
+        "block_bytes": numel * 4,
         "per_block_s": statistics.median(times["per_block"]),
         "one_s": statistics.median(times["one"]),
     }
