@@ -25,6 +25,45 @@ from disttrain.health.events import attempt, health_dir, write_state
 log = logging.getLogger("disttrain")
 
 
+STALE_BEATS = 3
+"""A heartbeat at least this many periods old (beyond the hang timeout, for the launcher) says its process
+stopped: the thread that writes it never waits on anything."""
+
+
+def read_beats(run_dir: Path, node: int) -> tuple[int, dict[int, dict[str, Any]]]:
+    """(the newest attempt, its heartbeats by rank) of this node's ranks, as their files hold them."""
+    beats: dict[int, dict[int, dict[str, Any]]] = {}
+    for p in (run_dir / "health").glob("attempt*-rank*.json"):
+        try:
+            beat = json.loads(p.read_text())
+            k, r = int(beat["attempt"]), int(beat["rank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if int(beat.get("node", 0)) == node:
+            beats.setdefault(k, {})[r] = beat
+    if not beats:
+        return -1, {}
+    newest = max(beats)
+    return newest, beats[newest]
+
+
+def silent_ranks(run_dir: Path, period_s: float, now: float | None = None) -> list[int]:
+    """Ranks of this attempt (any node) whose heartbeat file is :data:`STALE_BEATS` periods old while they were
+    still running: their process stopped, and the launcher's watch will name them (rank 0's watchdog then
+    leaves the verdict to it rather than blame a rank that only waits for them)."""
+    now = time.time() if now is None else now
+    out = []
+    for p in health_dir(run_dir).glob(f"attempt{attempt()}-rank*.json"):
+        try:
+            beat = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        running = not beat.get("exit") and beat.get("phase") != "done" and "pid" in beat
+        if running and now - float(beat.get("time", now)) > STALE_BEATS * period_s:
+            out.append(int(beat["rank"]))
+    return sorted(out)
+
+
 def launcher_verdict(run_dir: Path) -> dict[str, Any] | None:
     """The launcher's verdict on a frozen rank of this attempt, or None (also while it is being written)."""
     path = health_dir(run_dir) / f"verdict-attempt{attempt()}.json"

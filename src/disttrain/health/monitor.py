@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from disttrain.config import HealthConfig
 from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error, write_state
-from disttrain.health.heartbeat import Heartbeat
+from disttrain.health.heartbeat import STALE_BEATS, Heartbeat, silent_ranks
 
 log = logging.getLogger("disttrain")
 
@@ -114,6 +114,7 @@ class HealthMonitor:
         self.verdict: dict[str, Any] | None = None
         self._verdict_once = threading.Lock()
         self._file_beat: Heartbeat | None = None
+        self._deferred_since: float | None = None
 
     # ---- training-thread hooks (cheap) ----
     def phase(self, name: str) -> None:
@@ -277,7 +278,7 @@ class HealthMonitor:
             for r in sorted(live)
             if order[r] == behind and idle[r] > self.timeout(beats[r]["phase"] if beats[r]["step"] else "init")
         ]
-        if not stuck:
+        if not stuck or self._leave_to_launcher():
             return
         verdict = {
             "stuck": [
@@ -294,6 +295,17 @@ class HealthMonitor:
         }
         self._store.set("verdict", json.dumps(verdict))
         self._on_verdict(verdict)
+
+    def _leave_to_launcher(self) -> bool:
+        """A rank's process stopped (its heartbeat file is silent): the ranks this watchdog finds stuck only wait
+        for it, and the launcher's watch names it within a few heartbeats; leave the verdict to it, for a grace
+        period (a job started without disttrain's launcher has no such watch: then this one speaks)."""
+        if self.run_dir is None or not silent_ranks(self.run_dir, self.cfg.heartbeat_s):
+            self._deferred_since = None
+            return False
+        now = time.perf_counter()
+        self._deferred_since = self._deferred_since or now
+        return now - self._deferred_since < (STALE_BEATS + 4) * self.cfg.heartbeat_s + 5
 
     def _on_verdict(self, verdict: dict[str, Any]) -> None:
         """Every rank: dump all threads' stacks, note why in torchrun's error file, wait for the others

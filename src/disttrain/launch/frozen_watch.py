@@ -36,11 +36,10 @@ from typing import Any
 
 from disttrain.config import HealthConfig
 from disttrain.health.events import health_dir, log_event, record_exit
+from disttrain.health.heartbeat import STALE_BEATS, read_beats
 
 STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O wait", "Z": "exited"}
 IN_STEP = ("data", "forward", "backward", "optimizer")
-STALE_BEATS = 3
-"""A heartbeat at least this many periods old, beyond the phase's timeout, before a rank is called frozen."""
 
 
 def process_state(pid: int) -> str:
@@ -84,23 +83,6 @@ def stacks_of(pid: int, timeout_s: float = 10.0) -> str:
             continue
         threads.append(f"thread {task.name} ({comm}): waiting in {wchan or '-'}")
     return "\n".join([*parts, "## threads", *threads]) + "\n"
-
-
-def read_beats(run_dir: Path, node: int) -> tuple[int, dict[int, dict[str, Any]]]:
-    """(the newest attempt, its heartbeats by rank) of this node's ranks, as their files hold them."""
-    beats: dict[int, dict[int, dict[str, Any]]] = {}
-    for p in (run_dir / "health").glob("attempt*-rank*.json"):
-        try:
-            beat = json.loads(p.read_text())
-            k, r = int(beat["attempt"]), int(beat["rank"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if int(beat.get("node", 0)) == node:
-            beats.setdefault(k, {})[r] = beat
-    if not beats:
-        return -1, {}
-    newest = max(beats)
-    return newest, beats[newest]
 
 
 def message(s: dict[str, Any], timeout_s: float) -> str:
