@@ -73,23 +73,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # -- the draw -------------------------------------------------------------------------------------------
 def draw(seed: int, steps: int, n: int, interval: int) -> list[Planned]:
-    """``n`` faults: every kind once (when n >= 5), the rest at random; one per equal slice of the steps
-    between the second checkpoint and the last two, at a random step of its slice that leaves the one
-    before three checkpoints' room."""
+    """``n`` faults: every kind once (when n >= 5), a second kill and stop (n >= 7), the rest at random; one
+    per equal slice of the steps between the second checkpoint and the last two, at a random step of its slice
+    that leaves the one before three checkpoints' room. A kind's first fault hits a random rank (kill and
+    stop: from outside or injected, at random); its next ones take turns, so both ranks and both ways meet
+    every kind that comes twice."""
     rng = random.Random(seed)
-    kinds = list(KINDS[:n]) + [rng.choice(KINDS) for _ in range(n - len(KINDS))]
+    base = [*KINDS, "kill", "stop"] if n >= 7 else list(KINDS)
+    kinds = base[:n] + [rng.choice(KINDS) for _ in range(n - len(base))]
     rng.shuffle(kinds)
     lo, hi = 2 * interval + 1, steps - 2 * interval
     width = (hi - lo) / n
     if width < 3 * interval:
         raise SystemExit(f"{n} faults in {steps} steps leave {width:.0f} steps each; at least {3 * interval} needed")
-    plan = []
+    plan: list[Planned] = []
     for i, kind in enumerate(kinds):
-        start = lo + math.ceil(i * width)
-        step = start + rng.randrange(max(1, int(width) - 3 * interval + 1))
-        injected = kind == "nan" or (kind in ("kill", "stop") and rng.random() < 0.5)
+        step = lo + math.ceil(i * width) + rng.randrange(max(1, int(width) - 3 * interval + 1))
+        before = [q for q in plan if q.kind == kind]
+        rank = 1 - before[-1].rank if before else rng.randrange(RANKS)
+        injected = kind == "nan" or (
+            kind in ("kill", "stop") and (not before[-1].injected if before else rng.random() < 0.5)
+        )
         slack = rng.randrange(4, 1200) if kind == "disk_full" else 4  # KiB: less than one save (~1.7 MiB)
-        plan.append(Planned(kind, step, rng.randrange(RANKS), injected, slack))
+        delay = rng.randrange(500) if kind in ("kill", "stop") and not injected else 0  # ms: ~10 steps here
+        plan.append(Planned(kind, step, rank, injected, slack, delay))
     return plan
 
 
@@ -266,7 +273,7 @@ def left_behind(ckpt: Path, run: Path) -> list[str]:
 def report(plan: list[Planned], result: dict[str, Any], ref_wall: float, cmp: dict[str, Any]) -> dict[str, Any]:
     outcomes: list[Outcome] = result["outcomes"]
     C.table(
-        ["#", "kind", "how", "rank", "from step", "restarts", "resumed", "seconds", "named", "note"],
+        ["#", "kind", "how", "rank", "from step", "restarts", "resumed", "detected", "seconds", "named", "note"],
         [
             [
                 i + 1,
@@ -276,6 +283,7 @@ def report(plan: list[Planned], result: dict[str, Any], ref_wall: float, cmp: di
                 o.planned.step,
                 o.restarts,
                 o.resumed_from,
+                o.detected_s,
                 o.seconds,
                 o.named,
                 o.note,

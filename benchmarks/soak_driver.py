@@ -42,6 +42,7 @@ class Planned:
     rank: int
     injected: bool
     slack_kib: int = 4  # disk_full: what is left free on the checkpoint disk (a save fails at some file)
+    delay_ms: int = 0  # kill, stop from outside: how long after the step's record (any phase, a save too)
 
     def spec(self) -> str | None:
         """Its ``DISTTRAIN_FAULT`` entry, for the faults the job injects itself."""
@@ -201,6 +202,7 @@ class Driver:
 
     def signal_rank(self, p: Planned, out: Outcome, sig: signal.Signals) -> None:
         self.wait(f"step {p.step}", lambda: self.last_step() >= p.step)
+        time.sleep(p.delay_ms / 1000)
         pid, out.attempt = self.wait(f"rank {p.rank}'s process", lambda: self.worker(p.rank))
         out.fault_time = time.time()
         os.kill(pid, sig)
