@@ -315,10 +315,12 @@ def report(plan: list[Planned], result: dict[str, Any], ref_wall: float, cmp: di
     restarting = [o for o in survived if o.planned.kind in RESTARTING]
     summary["named_right"] = all(o.named for o in restarting)
     summary["fell_back"] = all(o.extra.get("fell_back") for o in survived if o.planned.kind == "truncate")
+    summary["resumed_from_newest"] = not any(o.extra.get("lost_checkpoint") for o in survived)
     summary["same_bytes"] = result["same_bytes"]
     summary["ok_bytes"] = not any(result["same_bytes"].values())
     whole = summary["survived"] == len(plan) and result["rc"] == 0
     whole = whole and summary["named_right"] and summary["fell_back"] and summary["ok_bytes"]
+    whole = whole and summary["resumed_from_newest"]
     summary["ok"] = whole and cmp["ok"] and ckpts_ok and not result["leftovers"] and not result["torn_lines"]
     print_summary(summary, result)
     return summary
@@ -341,7 +343,10 @@ def print_summary(s: dict[str, Any], result: dict[str, Any]) -> None:
     print(f"checkpoints kept {steps}: {'all verify' if s['checkpoints_ok'] else result['checkpoints']}")
     differ = {k: v for k, v in s["same_bytes"].items() if v}
     print(f"shard and RNG files equal to the uninterrupted run's of the same step: {differ or 'all'}")
-    print(f"every restart named the rank hit: {s['named_right']}; every truncation fell back: {s['fell_back']}")
+    print(
+        f"every restart named the rank hit: {s['named_right']}; resumed from the newest intact checkpoint: "
+        f"{s['resumed_from_newest']}; every truncation fell back: {s['fell_back']}"
+    )
     print(f"temporary files left: {s['leftovers'] or 'none'}; torn log lines: {s['torn_lines']}")
     print(f"wall time: soak {s['soak_wall_s']:.0f}s, uninterrupted {s['reference_wall_s']:.0f}s")
     if s["error"]:

@@ -157,10 +157,14 @@ class Driver:
         records = self.metrics.poll()
         return int(records[-1]["step"]) if records else 0
 
+    def committed_steps(self) -> list[int]:
+        """The steps of the committed checkpoints (COMMITTED written), oldest first."""
+        steps = [int(m.group(1)) for p in self.ckpt.glob("step-*") if (m := STEP_RE.match(p.name))]
+        return sorted(s for s in steps if (self.ckpt / f"step-{s:08d}" / MARKER).is_file())
+
     def committed(self) -> int:
         """The newest committed checkpoint's step (0: none)."""
-        steps = [int(m.group(1)) for p in self.ckpt.glob("step-*") if (m := STEP_RE.match(p.name))]
-        return max((s for s in steps if (self.ckpt / f"step-{s:08d}" / MARKER).is_file()), default=0)
+        return max(self.committed_steps(), default=0)
 
     def worker(self, rank: int) -> tuple[int, int] | None:
         """(pid, attempt) of rank ``rank``'s process of the newest attempt, from its heartbeat file."""
@@ -204,7 +208,7 @@ class Driver:
         self.wait(f"step {p.step}", lambda: self.last_step() >= p.step)
         time.sleep(p.delay_ms / 1000)
         pid, out.attempt = self.wait(f"rank {p.rank}'s process", lambda: self.worker(p.rank))
-        out.fault_time = time.time()
+        out.fault_time, out.extra["committed"] = time.time(), self.committed_steps()
         os.kill(pid, sig)
         if sig == signal.SIGSTOP:
             self.stopped.append(pid)
@@ -212,6 +216,7 @@ class Driver:
     def injected(self, p: Planned, out: Outcome) -> None:
         mark = self.wait(f"{p.spec()} to fire", lambda: self.mark(p))
         out.fault_time, out.attempt = float(mark["time"]), int(mark["attempt"])
+        out.extra["committed"] = self.committed_steps()  # read a moment after: a commit may have come since
 
     def kill(self, p: Planned, out: Outcome) -> None:
         self.injected(p, out) if p.injected else self.signal_rank(p, out, signal.SIGKILL)
@@ -228,8 +233,8 @@ class Driver:
         out.fault_time, out.note = float(rec["time"]), f"step {p.step} skipped (nonfinite)"
 
     def disk_full(self, p: Planned, out: Outcome) -> None:
-        """Fill the checkpoint disk right after a commit, so that the next save meets ENOSPC; free it once the
-        job reports that save failed."""
+        """Fill the checkpoint disk right after a commit, and keep it full (the purge of an old checkpoint frees
+        space), so that the next save meets ENOSPC; free it once the job reports that save failed."""
         self.wait(f"step {p.step}", lambda: self.last_step() >= p.step)
         before = self.committed()
         self.wait(f"a checkpoint after step {before}", lambda: self.committed() > before)
@@ -238,6 +243,7 @@ class Driver:
         out.fault_time, out.attempt = time.time(), self.attempt()
 
         def failed() -> tuple[float, int] | None:
+            fill(filler, p.slack_kib * 1024)  # tops it up
             for t, line in self.console.lines[seen:]:
                 if m := SAVE_FAILED.search(line):
                     return t, int(m.group(1))
@@ -273,16 +279,17 @@ class Driver:
 
         def again() -> dict[str, Any] | None:
             restarts = self.restarts_after(out)
-            since = restarts[-1]["time"] if restarts else out.fault_time
             if restarting and not restarts:
                 return None
-            return next((r for r in self.metrics.poll() if r["time"] > since and r["time"] > out.fault_time), None)
+            since = restarts[-1]["time"] if restarting else out.fault_time
+            return next((r for r in self.metrics.poll() if r["time"] > since), None)
 
         rec = self.wait(f"training again after {out.planned.kind}", again)
-        restarts = self.restarts_after(out)
+        restarts = [e for e in self.restarts_after(out) if e["time"] < rec["time"]]  # not the next fault's
         out.seconds, out.restarts = rec["time"] - out.fault_time, len(restarts)
         if restarts:
             out.resumed_from = restarts[-1].get("resumed_from")
+            self.check_resume(out)
             cause, r = restarts[0].get("cause", ""), out.planned.rank
             out.named = cause.startswith((f"rank {r} at", f"hang: rank {r} "))
             out.extra["cause"] = restarts[0].get("cause", "")[:200]
@@ -292,6 +299,15 @@ class Driver:
             fell_back = (out.resumed_from or 0) < out.extra["truncated_step"]
             out.note = f"{out.extra['truncated']} cut; resumed from {out.resumed_from}" + ("" if fell_back else " (!)")
             out.extra["fell_back"] = fell_back
+
+    @staticmethod
+    def check_resume(out: Outcome) -> None:
+        """Did the restart resume from the newest intact checkpoint there was at the fault? (A truncated one is
+        not intact: the one before it.) ``lost_checkpoint``: True when it resumed from an older one."""
+        truncated = out.extra.get("truncated_step")
+        intact = [s for s in out.extra.get("committed", []) if truncated is None or s < truncated]
+        out.extra["expected_resume"] = expected = max(intact, default=None)
+        out.extra["lost_checkpoint"] = expected is not None and (out.resumed_from or 0) < expected
 
     def restarts_after(self, out: Outcome) -> list[dict[str, Any]]:
         events = self.events.poll()
@@ -314,10 +330,10 @@ class Driver:
 
 
 def fill(path: Path, slack: int) -> None:
-    """Fill the file system of ``path`` up to ``slack`` bytes."""
+    """Fill the file system of ``path`` (appending to it) until ``slack`` bytes are left."""
     st = os.statvfs(path.parent)
     free = st.f_bavail * st.f_frsize - slack
-    with open(path, "wb") as f:
+    with open(path, "ab") as f:
         chunk = b"\0" * (1 << 20)
         while free > 0:
             try:
