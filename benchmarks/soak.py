@@ -168,13 +168,12 @@ def soak(args: argparse.Namespace, plan: list[Planned], data: Path, root: Path) 
             start_new_session=True,
         )
         driver = Driver(proc, Console(proc, root / "soak.log"), run, ckpt, state, disk)
-        outcomes, error = deal_all(driver, plan)
         try:
-            rc = proc.wait(timeout=600) if error is None else None
-        except subprocess.TimeoutExpired:
-            rc, error = None, "the job did not end within 600 s of the last fault"
-        wall = time.perf_counter() - t0
-        finish(proc, driver)
+            outcomes, error = deal_all(driver, plan)
+            rc, error = ending(proc, error)
+            wall = time.perf_counter() - t0
+        finally:  # also on Ctrl-C or a bug here: nothing of the job outlives the soak, the tmpfs unmounts
+            finish(proc, driver)
         leftovers = left_behind(ckpt, run)
         checkpoints = verify(run)
         same_bytes = same_files(ckpt, root / "reference" / "checkpoints")
@@ -204,6 +203,16 @@ def deal_all(driver: Driver, plan: list[Planned]) -> tuple[list[Outcome], str | 
         print(f"  trains again {out.seconds:.2f}s after it; {out.note}", flush=True)
         outcomes.append(out)
     return outcomes, None
+
+
+def ending(proc: subprocess.Popen[str], error: str | None) -> tuple[int | None, str | None]:
+    """The job's exit code once it ends (None, with why, when it did not or the soak already failed)."""
+    if error is not None:
+        return None, error
+    try:
+        return proc.wait(timeout=600), None
+    except subprocess.TimeoutExpired:
+        return None, "the job did not end within 600 s of the last fault"
 
 
 def finish(proc: subprocess.Popen[str], driver: Driver) -> None:

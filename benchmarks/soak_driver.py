@@ -219,10 +219,16 @@ class Driver:
         out.extra["committed"] = self.committed_steps()  # read a moment after: a commit may have come since
 
     def kill(self, p: Planned, out: Outcome) -> None:
-        self.injected(p, out) if p.injected else self.signal_rank(p, out, signal.SIGKILL)
+        if p.injected:
+            self.injected(p, out)
+        else:
+            self.signal_rank(p, out, signal.SIGKILL)
 
     def stop(self, p: Planned, out: Outcome) -> None:
-        self.injected(p, out) if p.injected else self.signal_rank(p, out, signal.SIGSTOP)
+        if p.injected:
+            self.injected(p, out)
+        else:
+            self.signal_rank(p, out, signal.SIGSTOP)
 
     def nan(self, p: Planned, out: Outcome) -> None:
         def record() -> dict[str, Any] | None:
