@@ -205,6 +205,27 @@ def test_the_hang_verdict_names_the_rank_behind_not_the_one_waiting_for_it(
     assert state["exit"] == "hang: rank 1" and state["phase"] == "forward"
 
 
+def test_no_rank_waits_for_the_stacks_of_a_rank_the_launcher_named_frozen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its own hang verdict rank 0 waits (bounded) for every rank to dump its stacks; a stopped rank never
+    will. Once the launcher's watch has named it frozen (read its stacks from outside, ended it), rank 0 leaves
+    at once instead of after 3 heartbeats + 5 s (found by benchmarks/soak.py: 7 s more per such restart)."""
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    mon = HealthMonitor(HealthConfig(hang_timeout_s=3.0, heartbeat_s=0.25), 0, 3, tmp_path, 600.0)
+    mon._store = torch.distributed.HashStore()
+    mon._store.set("dumped/1", "1")
+    verdict = {"by": "launcher", "stuck": [{"rank": 2, "frozen": True}], "waiting": [0, 1]}
+    (tmp_path / "health").mkdir()
+    (tmp_path / "health" / "verdict-attempt0.json").write_text(json.dumps(verdict))
+    t0 = time.perf_counter()
+    mon._wait_for_dumps()
+    assert time.perf_counter() - t0 < 2.0  # 0.5 s: rank 0 hosts the store, it leaves last
+    assert mon._named_frozen() == {2}
+    (tmp_path / "health" / "verdict-attempt0.json").unlink()
+    assert mon._named_frozen() == set()
+
+
 # -- stragglers ----------------------------------------------------------------------------------------------
 def test_a_straggler_slows_the_step_a_blip_in_a_short_phase_does_not(tmp_path: Path) -> None:
     """Under load a rank's data wait of 0.1 ms can be 3 ms once: 30x, but 3% of a 100 ms step, no straggler.

@@ -5,6 +5,7 @@ faults themselves act in whole jobs: tests/checkpoint, tests/health, tests/ps, t
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -85,6 +86,43 @@ def test_installed_faults_act_at_their_point_only_and_io_errors_on_every_attempt
     faults.uninstall()
     hooks.fire("shards_write", 8, 0)  # nothing left on the points
     assert hooks.plugins() == ()
+
+
+def test_when_a_fault_acts_first_attempt_every_attempt_or_once_per_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``:once`` fires on whichever attempt first reaches it (its mark in DISTTRAIN_FAULT_STATE stops every
+    other process and attempt), ``:every`` on each attempt, no suffix on the first attempt only."""
+    monkeypatch.delenv("DISTTRAIN_FAULT_STATE", raising=False)
+    spec = "nan:5:0:once,nan:9:1:every,nan:3:0,step:4:1:once"
+    assert [str(f) for f in faults.parse(spec)] == spec.split(",")
+    assert [f.policy for f in faults.parse(spec + ",write_error:2:0")] == ["once", "every", "first", "once", "every"]
+    with pytest.raises(ConfigError, match=r"nan:5:0:once, step:4:1:once act once per job: set DISTTRAIN_FAULT_STATE"):
+        faults.install(spec)
+    with pytest.raises(ConfigError, match=r"<when> first, every, once"):
+        faults.install("nan:5:0:sometimes")
+    monkeypatch.setenv("DISTTRAIN_FAULT_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("DISTTRAIN_FAULT", spec)
+
+    def is_nan(step: int, rank: int) -> bool:
+        value = hooks.apply("loss", 1.0, step, rank)
+        return bool(value != value)
+
+    faults.install()  # attempt 0 dies before step 5 (say): its nan:3:0 and nan:9:1 act, the once faults wait
+    assert is_nan(3, 0) and is_nan(9, 1) and not (tmp_path / "state" / "nan-5-0").exists()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    again = faults.install()
+    assert [str(f) for f in again.faults] == ["nan:5:0:once", "nan:9:1:every", "step:4:1:once"]
+    assert not is_nan(3, 0) and is_nan(9, 1)  # first-attempt only; every attempt
+    assert is_nan(5, 0) and not is_nan(5, 0)  # fires here, once
+    mark = json.loads((tmp_path / "state" / "nan-5-0").read_text())
+    assert mark["fault"] == "nan:5:0:once" and mark["attempt"] == 1 and mark["pid"] == os.getpid()
+    assert again.take("step", 4, 1) == faults.Fault("step", 4, 1, "once")  # claimed: a real hook kills here
+    assert again.take("step", 4, 1) is not None  # the claiming process still acts (slow: from its step on)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    third = faults.install()
+    assert not is_nan(5, 0) and is_nan(9, 1)  # fired in attempt 1
+    assert third.named("step", 4, 1) and third.take("step", 4, 1) is None
 
 
 def test_a_plugin_is_loaded_once_by_its_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from disttrain.config import HealthConfig
 from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error, write_state
-from disttrain.health.heartbeat import STALE_BEATS, Heartbeat, silent_ranks
+from disttrain.health.heartbeat import STALE_BEATS, Heartbeat, launcher_verdict, silent_ranks
 
 log = logging.getLogger("disttrain")
 
@@ -346,14 +346,23 @@ class HealthMonitor:
         os._exit(HANG_EXIT_CODE)
 
     def _wait_for_dumps(self) -> None:
-        """Say this rank dumped its stacks, and give the others a moment to do the same (bounded)."""
+        """Say this rank dumped its stacks, and give the others a moment to do the same (bounded). A rank the
+        launcher's watch named frozen never will: its stacks were read from outside and its process ended, so
+        nobody waits for it (a stopped rank 1 named by this watchdog first once held rank 0 here 7 s)."""
         self._store.set(f"dumped/{self.rank}", "1")
         deadline = time.perf_counter() + 3 * self.cfg.heartbeat_s + 5
-        others = [f"dumped/{r}" for r in range(self.world)]
-        while time.perf_counter() < deadline and not self._store.check(others):
+        while time.perf_counter() < deadline:
+            pending = {r for r in range(self.world) if not self._store.check([f"dumped/{r}"])}
+            if not pending or pending <= self._named_frozen():
+                break
             time.sleep(0.05)
         if self.rank == 0:
             time.sleep(0.5)  # rank 0 hosts the store: leave last
+
+    def _named_frozen(self) -> set[int]:
+        """The ranks of this attempt that the launcher's watch named frozen (and ended)."""
+        verdict = launcher_verdict(self.run_dir) if self.run_dir is not None else None
+        return {int(s["rank"]) for s in verdict["stuck"]} if verdict else set()
 
     def _check_stragglers(self, beats: dict[int, dict[str, Any]]) -> None:
         """Compare the newest window every rank has published; name ranks slower than the others' median."""

@@ -2,7 +2,7 @@
 NaN loss or gets an I/O error, and :func:`install` puts each on its neutral hook point
 (:mod:`disttrain.utils.hooks`). A worker entry installs it only when the variable is set; nothing else reads it.
 
-``DISTTRAIN_FAULT`` is a comma-separated list of ``<kind>:<step>:<rank>``:
+``DISTTRAIN_FAULT`` is a comma-separated list of ``<kind>:<step>:<rank>[:<when>]``:
 
 =====================  ==================================================================================
 step                   SIGKILL rank r as step k starts
@@ -27,18 +27,31 @@ rl_actor_freeze        SIGSTOP the RL actor of rank r after its chunk k
 rl_learner_freeze      SIGSTOP the RL learner (rank 0) after its update k
 =====================  ==================================================================================
 
-All but the I/O errors act on a job's first attempt only, so a job that torchrun restarts then runs through.
+``<when>`` says on which of a job's attempts (torchrun's restarts) a fault acts:
+
+=====================  ==================================================================================
+first                  the job's first attempt only, so a job that torchrun restarts then runs through (the
+                       default of every kind but the I/O errors)
+every                  every attempt that reaches it (the default of the I/O errors: a failing disk; for
+                       ``nan``, a batch that is bad each time a resume replays it)
+once                   once per job, on whichever attempt first reaches it (a fault after a restart, as a
+                       long job meets them); needs ``DISTTRAIN_FAULT_STATE=DIR``, a folder shared by the
+                       job's processes where a fault that fires leaves its mark (``<kind>-<step>-<rank>``,
+                       JSON: time, attempt, pid) just before it acts
+=====================  ==================================================================================
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from disttrain.errors import ConfigError
@@ -74,34 +87,76 @@ EVENTS: dict[str, hooks.EventPoint] = {
 }
 ON_LOSS = ("hang", "freeze", "slow", "nan")  # on the "loss" value point
 KINDS = (*EVENTS, *ON_LOSS)
-EVERY_ATTEMPT = frozenset(IO_ERRORS)
+EVERY_ATTEMPT = frozenset(IO_ERRORS)  # their default <when> is "every"; the others' is "first"
+WHENS = ("first", "every", "once")
+STATE_ENV = "DISTTRAIN_FAULT_STATE"
 FROM_STEP_ON = frozenset({"slow", "ps_slow"})  # the others act at their step only
 
 
 @dataclass(frozen=True)
 class Fault:
-    """One ``<kind>:<step>:<rank>`` of ``DISTTRAIN_FAULT``."""
+    """One ``<kind>:<step>:<rank>[:<when>]`` of ``DISTTRAIN_FAULT`` (``when`` "": the kind's default)."""
 
     kind: str
     step: int
     rank: int
+    when: str = ""
+
+    @property
+    def policy(self) -> str:
+        """On which attempts it acts: first, every or once (see the module's table)."""
+        return self.when or ("every" if self.kind in EVERY_ATTEMPT else "first")
+
+    @property
+    def mark(self) -> str:
+        """The name of the file a ``once`` fault leaves in ``DISTTRAIN_FAULT_STATE`` when it fires."""
+        return f"{self.kind}-{self.step}-{self.rank}"
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.step}:{self.rank}"
+        return f"{self.kind}:{self.step}:{self.rank}" + (f":{self.when}" if self.when else "")
 
 
 def parse(spec: str) -> list[Fault]:
     """The faults of a ``DISTTRAIN_FAULT`` value; ConfigError naming the bad entry and the kinds there are."""
     faults = []
     for entry in filter(None, (e.strip() for e in spec.split(","))):
-        kind, *numbers = entry.split(":")
-        if kind not in KINDS or len(numbers) != 2 or not all(n.isdigit() for n in numbers):
+        kind, *rest = entry.split(":")
+        numbers, when = rest[:2], rest[2] if len(rest) == 3 else ""
+        numbers_ok = len(rest) in (2, 3) and all(n.isdigit() for n in numbers)
+        if kind not in KINDS or not numbers_ok or (len(rest) == 3 and when not in WHENS):
             raise ConfigError(
-                f"DISTTRAIN_FAULT entry {entry!r} is not <kind>:<step>:<rank> with a known kind; "
-                f"kinds: {', '.join(KINDS)} (e.g. step:11:1)"
+                f"DISTTRAIN_FAULT entry {entry!r} is not <kind>:<step>:<rank>[:<when>] with a known kind and "
+                f"<when> {', '.join(WHENS)}; kinds: {', '.join(KINDS)} (e.g. step:11:1, nan:40:0:every)"
             )
-        faults.append(Fault(kind, int(numbers[0]), int(numbers[1])))
+        faults.append(Fault(kind, int(numbers[0]), int(numbers[1]), when))
     return faults
+
+
+def state_folder(faults: list[Fault]) -> Path | None:
+    """``DISTTRAIN_FAULT_STATE`` (created), which ``once`` faults need; ConfigError naming them when unset."""
+    folder = os.environ.get(STATE_ENV)
+    if not folder:
+        once = [str(f) for f in faults if f.policy == "once"]
+        if once:
+            raise ConfigError(
+                f"DISTTRAIN_FAULT entries {', '.join(once)} act once per job: set {STATE_ENV} to a folder every "
+                "process of the job can write (where a fault that fired leaves its mark)"
+            )
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return Path(folder)
+
+
+def claim(folder: Path, fault: Fault) -> bool:
+    """Leave ``fault``'s mark in ``folder`` unless one is there already: True when this process is the first
+    (then it acts), False when the fault fired before, in this job."""
+    try:
+        fd = os.open(folder / fault.mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        json.dump({"fault": str(fault), "time": time.time(), "attempt": attempt(), "pid": os.getpid()}, f)
+    return True
 
 
 def sleep_forever() -> None:
@@ -143,7 +198,9 @@ class Injector:
     """The faults of one ``DISTTRAIN_FAULT``, on their hook points; :meth:`remove` takes them off."""
 
     def __init__(self, faults: list[Fault], first_attempt: bool = True) -> None:
-        self.faults = [f for f in faults if first_attempt or f.kind in EVERY_ATTEMPT]
+        self.faults = [f for f in faults if first_attempt or f.policy != "first"]
+        self.state = state_folder(self.faults)
+        self.claimed: set[Fault] = set()  # the once-per-job faults this process fired
         self.fired: set[Fault] = set()
         self.slow = SlowDown({f.rank: f.step for f in self.faults if f.kind == "slow"})
         self._removers: list[Callable[[], None]] = []
@@ -159,32 +216,49 @@ class Injector:
         self._removers = []
 
     def named(self, kind: str, step: int, rank: int) -> bool:
-        """Does a fault of ``kind`` act at (step, rank)? (``slow`` and ``ps_slow``: from their step on.)"""
-        if kind in FROM_STEP_ON:
-            return any(f.kind == kind and f.rank == rank and step >= f.step for f in self.faults)
-        return Fault(kind, step, rank) in self.faults
+        """Is a fault of ``kind`` named at (step, rank)? (``slow`` and ``ps_slow``: from their step on.)"""
+        return self._match(kind, step, rank) is not None
+
+    def _match(self, kind: str, step: int, rank: int) -> Fault | None:
+        for f in self.faults:
+            if f.kind == kind and f.rank == rank and (step >= f.step if kind in FROM_STEP_ON else step == f.step):
+                return f
+        return None
+
+    def take(self, kind: str, step: int, rank: int) -> Fault | None:
+        """The fault of ``kind`` that acts at (step, rank) now: named, and, if it acts once per job, not fired
+        yet by another process or attempt (this call claims it)."""
+        f = self._match(kind, step, rank)
+        if f is None or f.policy != "once" or f in self.claimed:
+            return f
+        assert self.state is not None  # state_folder() insisted
+        if not claim(self.state, f):
+            return None
+        self.claimed.add(f)
+        return f
 
     def _event_hook(self, point: str) -> Callable[[int, int], None]:
         kinds = [k for k, p in EVENTS.items() if p == point]
 
         def hook(step: int, rank: int) -> None:
             for kind in kinds:
-                if self.named(kind, step, rank):
+                if self.take(kind, step, rank):
                     act(kind, step, rank)
 
         return hook
 
     def on_loss(self, loss: Any, step: int, rank: int) -> Any:
         """``hang``, ``freeze``, then ``slow``, then ``nan``, in the first micro-step of step ``step``."""
-        if self.named("hang", step, rank):
+        if self.take("hang", step, rank):
             log.warning("fault injection: rank %d hangs in step %d", rank, step)
             sleep_forever()
-        if self.named("freeze", step, rank):
+        if self.take("freeze", step, rank):
             log.warning("fault injection: rank %d freezes (SIGSTOP) in step %d", rank, step)
             os.kill(os.getpid(), signal.SIGSTOP)
-        self.slow(step, rank)
-        nan = Fault("nan", step, rank)
-        if nan in self.faults and nan not in self.fired:
+        slow = self._match("slow", step, rank)
+        self.slow(step, rank if slow is None or self.take("slow", step, rank) else -1)
+        nan = self._match("nan", step, rank)
+        if nan is not None and nan not in self.fired and self.take("nan", step, rank):
             self.fired.add(nan)
             return loss * float("nan")
         return loss
