@@ -152,7 +152,9 @@ def bpe_tokenizer(vocab: int, corpus: Iterable[str]) -> TextTokenizer:
         show_progress=False,
     )
     hf.train_from_iterator(_first_bytes(corpus, BPE_TRAIN_BYTES), trainer=trainer)
-    return TextTokenizer(f"bpe:{vocab}", hf, int(hf.token_to_id(EOT)))
+    eot = hf.token_to_id(EOT)
+    assert eot is not None  # a special token of the trainer
+    return TextTokenizer(f"bpe:{vocab}", hf, eot)
 
 
 def _first_bytes(corpus: Iterable[str], limit: int) -> Iterator[str]:

@@ -143,6 +143,11 @@ def unit_bytes(cfg: PrepareConfig, sources: list[Source], tok: TextTokenizer) ->
         size += len(doc.encode())
         if size >= SAMPLE_CHARS:
             break
+    if not sample:
+        raise ConfigError(
+            f"the corpus ({', '.join(cfg.inputs)}) holds no documents once empty ones are left out; "
+            "give files with text"
+        )
     tokens = sum(len(ids) for ids in tok.encode_batch(sample)) or 1
     per_shard = int(cfg.shard_tokens * max(size, 1) / tokens)
     total = sum(s.size for s in sources)
