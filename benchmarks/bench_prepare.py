@@ -111,7 +111,7 @@ def main() -> int:
             [name, f"{median(ts):.2f}", f"{size / median(ts) / 1e6:.1f}", f"{tokens / median(ts) / 1e6:.2f}"]
             for name, ts in times.items()
         ]
-        print(table(["variant", "s (median)", "MB/s", "M tokens/s"], rows, f"{size / 1e6:.0f} MB, {tokens:,} tokens"))
+        table(["variant", "s (median)", "MB/s", "M tokens/s"], rows, f"{size / 1e6:.0f} MB, {tokens:,} tokens")
         print(f"prepare vs plain loop: {ratio:.2f}x {verdict(ratio, 1.7)}")
         write_results("prepare", {"bytes": size, "tokens": tokens, "times": times, "ratio": ratio, "vocab": a.vocab})
     finally:
