@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from disttrain.config import JobConfig
+from disttrain.data.prepared import is_prepared, load_prepared
 from disttrain.data.text import TextData, load_text_data
 from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, VocabularyError
 from disttrain.models.gpt import GPT, GPTConfig
@@ -89,6 +90,10 @@ def build_data(cfg: JobConfig) -> tuple[Dataset[Any], Dataset[Any] | None, TextD
         if isinstance(out, tuple) and len(out) == 2:
             return out[0], out[1], None
         return out, None, None
+    if is_prepared(cfg.data.path):
+        assert cfg.data.path is not None
+        prepared = load_prepared(cfg.data.path, cfg.model.context, cfg.data.tokenizer, cfg.train.global_batch)
+        return prepared.train, prepared.val, None
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     return text.train, text.val, text
 

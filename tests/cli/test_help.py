@@ -25,6 +25,8 @@ COMMANDS = [
     ["report"],
     ["ckpt"],
     *(["ckpt", action] for action in ("ls", "inspect", "verify", "export")),
+    ["data"],
+    *(["data", action] for action in ("prepare", "verify")),
 ]
 
 _OPTION = re.compile(r"^\s*(-\w, )?--[\w.-]+")  # the line an option's entry starts with (help's boxes stripped)
@@ -60,7 +62,7 @@ def test_help_text_is_clean(command: str) -> None:
 def test_docstring_default_replaces_none() -> None:
     """A field left unset (None) whose docstring says what unset means: that is its one default in --help."""
     (entry,) = [t for t in option_texts(disttrain("run", "--help").stdout) if t.startswith("--data.path ")]
-    assert " ".join(entry.split()).endswith("character-level. (default: the bundled Shakespeare corpus)"), entry
+    assert " ".join(entry.split()).endswith("data prepare`. (default: the bundled Shakespeare corpus)"), entry
 
 
 _IMPORTS = """

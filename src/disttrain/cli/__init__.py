@@ -21,13 +21,14 @@ commands:
   launch   run your own script under torchrun: disttrain launch -n 4 train.py [args]
   estimate memory per rank for DDP / FSDP / HSDP and the strategy auto picks: disttrain estimate --parallel.nproc 8
   ckpt     look into and convert checkpoints: disttrain ckpt ls|inspect|verify|export RUN_OR_FOLDER
+  data     a corpus into token shards, and checking them: disttrain data prepare|verify ...
   doctor   is this machine (or cluster) ready: versions, devices, ports, rendezvous, bandwidth, RPC
   ps       a click-through-rate model trained against parameter servers: disttrain ps --ps.servers 2 --ps.trainers 2
   rl       actors + a learner on RPC solve a gymnasium environment: disttrain rl --rl.env-id CartPole-v1
   report   plots and one HTML page for run folders (several: overlaid), or --live while a job runs
 """
 
-COMMANDS = ("run", "launch", "estimate", "ckpt", "doctor", "ps", "rl", "report")
+COMMANDS = ("run", "launch", "estimate", "ckpt", "data", "doctor", "ps", "rl", "report")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,12 +60,16 @@ class DataConfig:
     """Where the training samples come from."""
 
     path: str | None = None
-    """A UTF-8 text file to train on, character-level (default: the bundled Shakespeare corpus)."""
+    """A UTF-8 text file to train on (character-level), or a folder of token shards made by `disttrain data prepare`
+    (default: the bundled Shakespeare corpus)."""
+    tokenizer: str | None = None
+    """With a prepared folder: the tokenizer it must have been prepared with (a tokenizer.json, a save_pretrained
+    folder, bytes, chars or bpe:VOCAB); a text file is read with chars. (default: the prepared folder's own)"""
     module: str | None = None
     """Your own dataset as 'pkg.mod:build' (or 'path/to/file.py:build'): returns a map-style dataset of (input,
     target) pairs, or a (train, val) pair of them."""
     val_fraction: float = 0.1
-    """Share of the text held out for evaluation (the tail of the corpus)."""
+    """Share of a text file held out for evaluation (its tail); a prepared folder's split is made by prepare."""
 
     def __post_init__(self) -> None:
         check(

@@ -31,7 +31,10 @@ def read_text(path: str | Path | None = None) -> str:
     if p.is_dir():
         texts = sorted(str(f.relative_to(p)) for f in p.iterdir() if f.is_file())[:3]
         some = f" (it holds {', '.join(texts)}{', ...' if len(texts) == 3 else ''})" if texts else " (empty)"
-        raise ConfigError(f"data.path {str(p)!r} is a folder{some}; pass one UTF-8 text file, e.g. {p / 'input.txt'}")
+        raise ConfigError(
+            f"data.path {str(p)!r} is a folder{some} without an index.json; pass one UTF-8 text file, e.g. "
+            f"{p / 'input.txt'}, or a folder made by `disttrain data prepare`"
+        )
     if not p.is_file():
         raise ConfigError(f"data.path {str(p)!r} does not exist; pass a UTF-8 text file")
     try:

@@ -1,4 +1,4 @@
-"""The job's inputs checked in the parent before any worker starts: the text file to train on, the
+"""The job's inputs checked in the parent before any worker starts: the text file or prepared folder to train on, the
 pretrained weights (``model.weights``) and the checkpoint ``checkpoint.resume`` names. A mistake here is one
 line and exit 2, not a traceback in N workers.
 """
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from disttrain.checkpoint.layout import resume_target
 from disttrain.config import JobConfig
+from disttrain.data.prepared import is_prepared, load_prepared
 from disttrain.data.text import check_text_data
 from disttrain.errors import ConfigError
 
@@ -16,13 +17,28 @@ from disttrain.errors import ConfigError
 def check_inputs(cfg: JobConfig) -> None:
     """The data file (``data.path``) and the checkpoint to resume from, where they can be checked up front."""
     if cfg.data.path is not None and cfg.data.module is None:
-        check_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
+        check_data(cfg)
     if cfg.model.weights is not None:
         from disttrain.checkpoint.pretrained import weight_files  # DTensor's import: only with weights
 
         weight_files(Path(cfg.model.weights))
     if not cfg.checkpoint.create_seed:
         check_resume(cfg)
+
+
+def check_data(cfg: JobConfig) -> None:
+    """A prepared folder (its index, tokenizer and size), or a text file read character by character."""
+    assert cfg.data.path is not None
+    if is_prepared(cfg.data.path):
+        load_prepared(cfg.data.path, cfg.model.context, cfg.data.tokenizer, cfg.train.global_batch)
+        return
+    if cfg.data.tokenizer not in (None, "chars"):
+        raise ConfigError(
+            f"data.tokenizer {cfg.data.tokenizer!r} needs a prepared folder: a text file is read character by "
+            f"character; run `disttrain data prepare {cfg.data.path} --tokenizer {cfg.data.tokenizer} --out DIR`, "
+            "then --data.path DIR"
+        )
+    check_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
 
 
 def checkpoint_folder(cfg: JobConfig) -> Path | None:

@@ -11,3 +11,13 @@ def fmt_bytes(n: float, digits: int = 2) -> str:
         if abs(n) >= size:
             return f"{n / size:.{digits}f} {unit}"
     return f"{int(n)} B"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``75.4`` -> ``'1m15s'``, ``3700`` -> ``'1h01m'``, ``4.2`` -> ``'4s'``: an ETA or an elapsed time."""
+    s = max(round(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,0 +1,98 @@
+"""Training from a prepared folder (``--data.path DIR``): the tiny GPT on 2 ranks resumes bitwise after kill -9,
+continues the global sample position on 3 ranks, and a folder of another tokenizer or a vocabulary larger than
+the model's embedding is one line before any worker starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from text_corpus import make_docs, write_jsonl
+
+from conftest import disttrain
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~300 KB corpus of documents prepared with the bytes tokenizer into several shards."""
+    tmp = tmp_path_factory.mktemp("train-prepared")
+    src = write_jsonl(tmp / "corpus.jsonl", make_docs(1000, seed=2))
+    out = tmp / "prepared"
+    proc = disttrain("data", "prepare", str(src), "--tokenizer", "bytes", "--out", str(out), "--shard-tokens", "40000")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def job(folder: Path, root: Path, name: str, *extra: str) -> list[str]:
+    """12 steps of a tiny GPT (context 32) in fp32, batch 24 (2 ranks: 3 micro-batches of 4), a checkpoint every 4."""
+    args = ["run", "--data.path", str(folder), "--data.tokenizer", "bytes", "--model.n-layers", "2"]
+    args += ["--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32", "--train.steps", "12"]
+    args += ["--train.global-batch", "24", "--train.micro-batch", "4", "--train.eval-interval", "0"]
+    args += ["--train.generate-chars", "0", "--metrics.log-interval", "1", "--precision.dtype", "fp32"]
+    args += ["--parallel.nproc", "2", "--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
+    return [*args, *extra]
+
+
+def losses(run: Path) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+@pytest.mark.slow
+def test_kill9_resumes_bitwise_and_3_ranks_continue_the_position(folder: Path, tmp_path: Path) -> None:
+    ref = disttrain(*job(folder, tmp_path, "ref"), cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = losses(tmp_path / "ref")
+    assert sorted(want) == list(range(1, 13)) and want[12] < want[1]
+    summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    assert summary["final_val_loss"] is not None  # the index's val shards
+
+    crash = disttrain(
+        *job(folder, tmp_path, "crash", "--launch.max-restarts", "1"),
+        cwd=tmp_path,
+        env={"DISTTRAIN_FAULT": "step:11:1"},  # SIGKILL rank 1 as it starts step 11 (first attempt only)
+    )
+    assert crash.returncode == 0, crash.stderr[-3000:]
+    assert re.search(r"resumed from \S+step-0000000[48] \(step [48], sample (96|192)\)", crash.stdout), crash.stdout
+    assert losses(tmp_path / "crash") == want  # bitwise: the same windows in the same order
+
+    step8 = tmp_path / "ref" / "checkpoints" / "step-00000008"
+    three = ["--parallel.nproc", "3", "--parallel.oversubscribe", "--checkpoint.resume", str(step8)]
+    grown = disttrain(*job(folder, tmp_path, "three", *three), cwd=tmp_path)
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert "(step 8, sample 192)" in grown.stdout, grown.stdout
+    got = losses(tmp_path / "three")
+    assert sorted(got) == [9, 10, 11, 12]
+    for step in got:  # the same global batches, summed over 3 ranks instead of 2
+        assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
+
+
+def one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+def test_another_tokenizer_or_a_small_embedding_is_one_line(folder: Path, tmp_path: Path) -> None:
+    base = job(folder, tmp_path, "x")
+    base = [a for a in base if a not in ("--data.tokenizer", "bytes")]
+    one_line(
+        disttrain(*base, "--data.tokenizer", "bpe:500", "--print-config", cwd=tmp_path),
+        "data.tokenizer 'bpe:500' is not the tokenizer",
+        "'bytes'",
+    )
+    one_line(
+        disttrain(*base, "--model.module", "usermodel:build", "--print-config", cwd=tmp_path),
+        "embeds 128 token ids, but the data has 257",
+    )
