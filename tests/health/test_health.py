@@ -343,3 +343,23 @@ def test_sigterm_and_sigusr1_ask_for_a_graceful_stop_and_ctrl_c_interrupts() -> 
             signal.signal(s, h)
         PREEMPT.signum, PREEMPT.at = 0, 0.0
         STOPPING.clear()
+
+
+def test_the_spike_guards_window_is_part_of_the_checkpointed_loop_state(
+    make_trainer: Callable[..., Trainer],
+) -> None:
+    """A job resumed after a crash judges its next steps' spikes against the same window as an uninterrupted
+    one (it used to start from an empty window: after a resume a spike could pass, or a loss be called one)."""
+    import json as _json
+
+    from disttrain.train.trainer import _LoopState
+
+    first = make_trainer(6)
+    first.fit()
+    state = _LoopState(first).state_dict()
+    assert len(first.guard.window) == 6
+    resumed = make_trainer(6)
+    _LoopState(resumed).load_state_dict(state)
+    assert list(resumed.guard.window) == list(first.guard.window) and resumed.guard.consecutive == 0
+    old = {**state, "extra": _json.dumps({k: v for k, v in _json.loads(state["extra"]).items() if k != "guard"})}
+    _LoopState(make_trainer(6)).load_state_dict(old)  # a checkpoint from before the window was saved still loads

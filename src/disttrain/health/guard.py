@@ -6,6 +6,7 @@ import collections
 import logging
 import math
 import statistics
+from typing import Any
 
 from disttrain.config import HealthConfig
 
@@ -46,6 +47,16 @@ class StepGuard:
     @property
     def exhausted(self) -> bool:
         return self.consecutive >= self.cfg.max_bad_steps
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed job needs to judge the next steps as an uninterrupted one would: the loss window and
+        the bad steps in a row (the counters of rollbacks and bad steps belong to the process, which logs them)."""
+        return {"window": list(self.window), "consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.window.clear()
+        self.window.extend(float(x) for x in state.get("window", []))
+        self.consecutive = int(state.get("consecutive", 0))
 
     def reset(self) -> None:
         self.consecutive = 0

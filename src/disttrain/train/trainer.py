@@ -468,7 +468,11 @@ class _LoopState(Stateful):
 
     def state_dict(self) -> dict[str, Any]:
         t = self.t
-        extra = {"scheduler": t.scheduler.state_dict(), "scaler": t.scaler.state_dict() if t.scaler else None}
+        extra = {
+            "scheduler": t.scheduler.state_dict(),
+            "scaler": t.scaler.state_dict() if t.scaler else None,
+            "guard": t.guard.state_dict(),  # the spike guard's window: a resumed job judges steps alike
+        }
         return {"step": t.step, "skipped": t.skipped, "position": t.loader.position, "extra": json.dumps(extra)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -479,3 +483,5 @@ class _LoopState(Stateful):
         t.scheduler.load_state_dict(extra["scheduler"])
         if t.scaler is not None and extra["scaler"] is not None:
             t.scaler.load_state_dict(extra["scaler"])
+        if "guard" in extra:  # (checkpoints from before it was saved: an empty window, as then)
+            t.guard.load_state_dict(extra["guard"])
