@@ -38,6 +38,16 @@ def metric_steps(run: Path) -> list[int]:
     return [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
 
 
+def losses_by_step(run: Path) -> dict[int, float]:
+    """The last loss logged for each step of a run folder (a restarted job logs the replayed steps again)."""
+    out: dict[int, float] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """No test reads or writes the real ~/.cache/disttrain/machine.json (`disttrain doctor`, `estimate`)."""

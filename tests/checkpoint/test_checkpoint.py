@@ -22,7 +22,7 @@ from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.testing.launch import together
 from disttrain.testing.tiny import tiny_cli_args, tiny_config
 
-from conftest import disttrain, run_scenario
+from conftest import disttrain, losses_by_step, run_scenario
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -31,16 +31,6 @@ def tiny_args(data: Path, root: Path, name: str, *extra: str) -> list[str]:
     """The tiny job for 12 steps with a checkpoint every 4, in ``root/name``."""
     where = ["--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
     return tiny_cli_args(data, 12, *where, *extra)
-
-
-def losses_by_step(run: Path) -> dict[int, float]:
-    """The last loss logged for each step (a restarted job logs the replayed steps again)."""
-    out: dict[int, float] = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
 
 
 @pytest.fixture(scope="module")

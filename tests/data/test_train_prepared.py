@@ -13,7 +13,7 @@ import pytest
 
 from text_corpus import make_docs, write_jsonl
 
-from conftest import disttrain
+from conftest import disttrain, losses_by_step
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,20 +39,11 @@ def job(folder: Path, root: Path, name: str, *extra: str) -> list[str]:
     return [*args, *extra]
 
 
-def losses(run: Path) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
-
-
 @pytest.mark.slow
 def test_kill9_resumes_bitwise_and_3_ranks_continue_the_position(folder: Path, tmp_path: Path) -> None:
     ref = disttrain(*job(folder, tmp_path, "ref"), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    want = losses(tmp_path / "ref")
+    want = losses_by_step(tmp_path / "ref")
     assert sorted(want) == list(range(1, 13)) and want[12] < want[1]
     summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
     assert summary["final_val_loss"] is not None  # the index's val shards
@@ -64,14 +55,14 @@ def test_kill9_resumes_bitwise_and_3_ranks_continue_the_position(folder: Path, t
     )
     assert crash.returncode == 0, crash.stderr[-3000:]
     assert re.search(r"resumed from \S+step-0000000[48] \(step [48], sample (96|192)\)", crash.stdout), crash.stdout
-    assert losses(tmp_path / "crash") == want  # bitwise: the same windows in the same order
+    assert losses_by_step(tmp_path / "crash") == want  # bitwise: the same windows in the same order
 
     step8 = tmp_path / "ref" / "checkpoints" / "step-00000008"
     three = ["--parallel.nproc", "3", "--parallel.oversubscribe", "--checkpoint.resume", str(step8)]
     grown = disttrain(*job(folder, tmp_path, "three", *three), cwd=tmp_path)
     assert grown.returncode == 0, grown.stderr[-3000:]
     assert "(step 8, sample 192)" in grown.stdout, grown.stdout
-    got = losses(tmp_path / "three")
+    got = losses_by_step(tmp_path / "three")
     assert sorted(got) == [9, 10, 11, 12]
     for step in got:  # the same global batches, summed over 3 ranks instead of 2
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step

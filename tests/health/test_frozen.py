@@ -13,7 +13,7 @@ import pytest
 
 from disttrain.testing.tiny import tiny_cli_args
 
-from conftest import disttrain
+from conftest import disttrain, losses_by_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -25,16 +25,6 @@ def run_args(data: Path, root: Path, name: str, *extra: str) -> list[str]:
     return tiny_cli_args(data, 10, *run, "--checkpoint.interval", "3", *extra)
 
 
-def losses(run: Path) -> dict[int, float]:
-    """Each step's loss as last logged (a step run again after a resume logs again)."""
-    out = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
-
-
 def events(run: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (run / "health" / "events.jsonl").read_text().splitlines()]
 
@@ -44,7 +34,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dic
     root = tmp_path_factory.mktemp("reference")
     proc = disttrain(*run_args(small_text, root, "ref"), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return losses(root / "ref")
+    return losses_by_step(root / "ref")
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -73,4 +63,4 @@ def test_a_frozen_rank_is_named_from_outside_and_the_job_resumes_exactly(
     (restart,) = [e for e in events(run) if e["event"] == "restart"]
     assert restart["cause"].startswith(f"hang: rank {rank}"), restart  # not "killed by a signal"
     assert restart["resumed_from"] in (3, 6)  # the newest save committed before the freeze
-    assert losses(run) == reference  # bitwise: == on the floats as logged
+    assert losses_by_step(run) == reference  # bitwise: == on the floats as logged
