@@ -27,7 +27,7 @@ STEPS, KILL_AT, EVERY = 10, 9, 3
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~3 MB of documents as .jsonl, tokenized by a 2,048-id BPE trained on them."""
     tmp = tmp_path_factory.mktemp("e2e")
-    src = write_jsonl(tmp / "corpus.jsonl", make_docs(12_000, seed=7))
+    src = write_jsonl(tmp / "corpus.jsonl", make_docs(7_000, seed=7))
     assert src.stat().st_size > 2_000_000
     out = tmp / "prepared"
     proc = disttrain("data", "prepare", str(src), "--tokenizer", "bpe:2048", "--out", str(out), "--workers", "2")

@@ -32,6 +32,7 @@ from disttrain.health.events import attempt, health_dir, log_event, record_exit
 from disttrain.health.peers import PEER_LOST_EXIT, learn_nodes, lost_peer, other_nodes
 from disttrain.health.signals import STOPPING, install_stop_signals
 from disttrain.launch.network import interface_of
+from disttrain.models.gpt import GPT
 from disttrain.parallel import strategies
 from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
 from disttrain.testing.faults import install_if_requested
@@ -117,24 +118,38 @@ def summarize(trainer: Trainer, result: FitResult, text: TextData | None, wall_s
 
 
 def sample_text(trainer: Trainer, cfg: JobConfig, text: TextData | None, run_dir: Path) -> str:
-    """A few generated characters from the trained model (the built-in GPT or a Hugging Face model), decoded by
-    the bundled character tokenizer or the run's tokenizer (``RUN/tokenizer``); collective, '' elsewhere."""
+    """A few generated characters from the trained model, decoded by the run's tokenizer (``RUN/tokenizer``:
+    the built-in GPT or a Hugging Face model) or the bundled character one (the built-in GPT); collective, ''
+    elsewhere."""
     n = cfg.train.generate_chars
     tok = read_tokenizer_folder(run_dir / RUN_TOKENIZER) if text is None and n > 0 else None
-    if n <= 0 or (text is None and tok is None) or not can_sample(trainer.model.inner):
+    model = trainer.model.inner
+    if n <= 0 or not (isinstance(model, GPT) if text is not None else tok is not None and can_sample(model)):
         return ""
     vocab = text.tokenizer.vocab_size if text is not None else tok.vocab_size  # type: ignore[union-attr]
     plain = full_model_for_sampling(trainer, cfg, vocab)
     if plain is None:
         return ""
     if text is not None:
-        start = text.tokenizer.encode("\n")
-    else:
-        assert tok is not None
-        start = torch.tensor([tok.eot_id if tok.bos_id is None else tok.bos_id])  # a document's start
+        return text.tokenizer.decode(sample_from(trainer, plain, text.tokenizer.encode("\n"), cfg))
+    assert tok is not None
+    start = torch.tensor([tok.eot_id if tok.bos_id is None else tok.bos_id])  # a document's start
+    try:
+        ids = sample_from(trainer, plain, start, cfg)
+        # an embedding padded beyond the tokenizer's ids can sample ids it has no text for
+        return tok.decode([i for i in ids if i < tok.vocab_size])[:n]
+    except Exception as e:  # a model of the user's that cannot generate: the training is done, say so and go on
+        msg = f"no sample ({type(e).__name__}: {str(e)[:200]}); --train.generate-chars 0 skips it"
+        log.warning(msg)
+        say_on_console(f"disttrain: warning: {msg}")
+        return ""
+
+
+def sample_from(trainer: Trainer, plain: nn.Module, start: torch.Tensor, cfg: JobConfig) -> list[int]:
+    """``train.generate_chars`` token ids sampled after the one token ``start``, under the run's autocast."""
     with trainer.model.autocast():
-        ids = sample_ids(plain, start.view(1, 1).to(trainer.env.device), n, cfg.model.context, cfg.train.seed)
-    return text.tokenizer.decode(ids) if text is not None else tok.decode(ids)[:n]  # type: ignore[union-attr]
+        prompt = start.view(1, 1).to(trainer.env.device)
+        return sample_ids(plain, prompt, cfg.train.generate_chars, cfg.model.context, cfg.train.seed)
 
 
 def report(run_dir: Path, summary: dict[str, Any], sample: str, has_text: bool) -> None:
