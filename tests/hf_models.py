@@ -26,9 +26,11 @@ def gpt2_config() -> GPT2Config:
     return GPT2Config(**TOKENS, **shape, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
-def llama_config() -> LlamaConfig:
+def llama_config(vocab: int = VOCAB, **tokens: int) -> LlamaConfig:
+    """The tiny Llama; ``tokens`` replace the shared special ids (``bos_token_id=1``, ...)."""
     shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
-    return LlamaConfig(**TOKENS, **shape, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    ids = {**TOKENS, "vocab_size": vocab, **tokens}
+    return LlamaConfig(**ids, **shape, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
 
 
 def gpt2() -> nn.Module:
@@ -40,6 +42,18 @@ def gpt2() -> nn.Module:
 def llama() -> nn.Module:
     torch.manual_seed(5)
     return LlamaForCausalLM(llama_config())
+
+
+def llama_sized(vocab_size: int) -> nn.Module:
+    """The tiny Llama with the data's vocabulary; bos and eos 0: the end of text of a ``bpe:VOCAB`` tokenizer."""
+    torch.manual_seed(5)
+    return LlamaForCausalLM(llama_config(vocab_size))
+
+
+def llama_default_ids(vocab_size: int) -> nn.Module:
+    """The tiny Llama with LlamaConfig's own special ids (bos 1, eos 2): not a ``data prepare`` tokenizer's."""
+    torch.manual_seed(5)
+    return LlamaForCausalLM(llama_config(vocab_size, bos_token_id=1, eos_token_id=2))
 
 
 class LogitsOnly(nn.Module):

@@ -23,8 +23,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from disttrain.config import JobConfig
-from disttrain.data.prepared import is_prepared, load_prepared
+from disttrain.data.prepared import is_prepared, load_prepared, prepared_tokenizer
 from disttrain.data.text import TextData, load_text_data
+from disttrain.data.tokenizers import TextTokenizer, load_tokenizer
 from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, VocabularyError
 from disttrain.models.gpt import GPT, GPTConfig
 
@@ -98,8 +99,24 @@ def build_data(cfg: JobConfig) -> tuple[Dataset[Any], Dataset[Any] | None, TextD
     return text.train, text.val, text
 
 
-def build_model(cfg: JobConfig, vocab_size: int | None, on_meta: bool) -> nn.Module:
-    """The configured model; on the meta device when FSDP will shard it (no full copy in memory)."""
+def data_tokenizer(cfg: JobConfig) -> TextTokenizer | None:
+    """The tokenizer the job's token ids come from: a prepared folder's, or ``data.tokenizer`` (a file, a
+    save_pretrained folder or ``bytes``) beside a dataset of the user's (``data.module``); None for text read
+    character by character."""
+    if cfg.data.module is None:
+        path = cfg.data.path
+        return prepared_tokenizer(path) if path is not None and is_prepared(path) else None
+    spec = cfg.data.tokenizer
+    if spec is None or spec == "chars" or spec.startswith("bpe:"):  # made from a corpus: nothing to load
+        return None
+    return load_tokenizer(spec, "data.tokenizer")
+
+
+def build_model(
+    cfg: JobConfig, vocab_size: int | None, on_meta: bool, tokenizer: TextTokenizer | None = None
+) -> nn.Module:
+    """The configured model; on the meta device when FSDP will shard it (no full copy in memory). With the
+    data's ``tokenizer``, a Hugging Face model's special ids are checked against it."""
     if cfg.model.module:
         factory = import_object(cfg.model.module, "model.module")
         torch.manual_seed(cfg.train.seed)  # every rank (and a single process) builds the same weights
@@ -114,6 +131,8 @@ def build_model(cfg: JobConfig, vocab_size: int | None, on_meta: bool) -> nn.Mod
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.module {cfg.model.module!r} returned {type(model).__name__}, not an nn.Module")
         check_vocabulary(model, vocab_size, cfg.model.module)
+        if tokenizer is not None:
+            check_special_ids(model, tokenizer, cfg.model.module)
         return model
     if vocab_size is None:
         raise ConfigError("the built-in GPT needs a text dataset (data.path) or a dataset with a vocab_size attribute")
@@ -164,6 +183,44 @@ def check_vocabulary(model: nn.Module, vocab: int | None, spec: str) -> None:
         f"model.module {spec!r} embeds {emb.num_embeddings} token ids, but the data has {vocab}; build the "
         f"embedding with at least {vocab} rows (a build(vocab_size) parameter gets the data's vocabulary)"
     )
+
+
+def _ids(value: Any) -> list[int]:
+    """A config's token id field (None, one id or a list of them) as a list."""
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
+
+
+def special_id_problem(config: Any, tok: TextTokenizer) -> str | None:
+    """What is wrong with a Hugging Face config's special ids for ``tok``, or None."""
+    named = {k: _ids(getattr(config, k, None)) for k in ("eos_token_id", "bos_token_id", "pad_token_id")}
+    for key, ids in named.items():
+        bad = [i for i in ids if not 0 <= i < tok.vocab_size]
+        if bad:
+            return f"{key} {bad[0]} is not an id of the tokenizer (it has {tok.vocab_size})"
+    if tok.eot_id not in named["eos_token_id"]:
+        return f"eos_token_id {getattr(config, 'eos_token_id', None)} is not the tokenizer's end of text"
+    if tok.bos_id is not None and named["bos_token_id"] not in ([], [tok.bos_id]):
+        return f"bos_token_id {named['bos_token_id'][0]} is not the tokenizer's start of sequence"
+    return None
+
+
+def check_special_ids(model: nn.Module, tok: TextTokenizer, spec: str) -> None:
+    """A Hugging Face model's ``eos_token_id`` must be the tokenizer's end of text, its ``bos_token_id`` the
+    tokenizer's start of sequence (when both have one) and every special id one of the tokenizer's: otherwise
+    generation stops at the wrong token and the exported model and tokenizer disagree."""
+    for hf in hf_models(model):
+        problem = special_id_problem(hf.config, tok)
+        if problem is None:
+            continue
+        ends = f"end of text {tok.eot_id} ({tok.token(tok.eot_id)!r})"
+        starts = f", start of sequence {tok.bos_id}" if tok.bos_id is not None else ""
+        fix = f"eos_token_id={tok.eot_id}" + (f", bos_token_id={tok.bos_id}" if tok.bos_id is not None else "")
+        raise VocabularyError(
+            f"model.module {spec!r}: its config's {problem} (the {tok.spec!r} tokenizer: {ends}{starts}); "
+            f"build the config with {fix}"
+        )
 
 
 def vocab_size(train: Dataset[Any], text: TextData | None) -> int | None:

@@ -20,10 +20,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from disttrain.checkpoint.layout import find_checkpoint, folder_info
-from disttrain.checkpoint.pretrained import export_hf_folder
+from disttrain.checkpoint.pretrained import HF_CONFIG, export_hf_folder
 from disttrain.checkpoint.reader import SafeFileSystemReader, WeightsOnlyBytes, read_metadata_safely
 from disttrain.checkpoint.verify import first_line
 from disttrain.config import DTYPES
+from disttrain.data.tokenizer_folder import RUN_TOKENIZER
 from disttrain.errors import CheckpointError, ConfigError
 
 MODEL_PREFIX = ("app", "model")  # the Trainer saves {"app": ModelOptimState, "train": ...}
@@ -91,8 +92,9 @@ def load_model_weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def hf_config_of_run(run: Path) -> Path:
     """Where a run's Hugging Face ``config.json`` comes from when ``--config-from`` is not given: the pretrained
-    folder the run started from (``model.weights``); a ConfigError naming what is missing otherwise (a folder
-    without a config.json is one ``from_pretrained`` cannot load)."""
+    folder the run started from (``model.weights``), else the config its model was built with (``RUN/hf-config``,
+    written by the run); a ConfigError naming what is missing otherwise (a folder without a config.json is one
+    ``from_pretrained`` cannot load)."""
     import tomllib
 
     weights = None
@@ -103,9 +105,12 @@ def hf_config_of_run(run: Path) -> Path:
         folder = folder.parent
     if folder is not None and (folder / "config.json").is_file():
         return folder
+    if (run / HF_CONFIG / "config.json").is_file():
+        return run / HF_CONFIG
     started = f"it started from {weights}, which has no config.json" if weights else "it named no model.weights"
     raise ConfigError(
-        f"--format hf needs the model's config.json and {run} does not say where it is ({started}); pass "
+        f"--format hf needs the model's config.json and {run} does not say where it is ({started}, and its model "
+        "is not a Hugging Face one); pass "
         "--config-from FOLDER (a save_pretrained folder of the same model, e.g. the one it came from)"
     )
 
@@ -119,7 +124,8 @@ def export(
     config_from: Path | None = None,
 ) -> int:
     """Write the model weights of one checkpoint to one file (``torch.load(weights_only=True)`` / safetensors),
-    or to a Hugging Face folder (``fmt="hf"``: ``model.safetensors`` + the ``config.json`` of ``config_from``)."""
+    or to a Hugging Face folder (``fmt="hf"``: ``model.safetensors``, the ``config.json`` of ``config_from`` or
+    of the run, and the run's tokenizer files)."""
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if fmt is None:
@@ -140,7 +146,8 @@ def export(
     run = ckpt.resolve().parent.parent
     if fmt == "hf":
         cast = {k: v.to(DTYPES[dtype]) for k, v in weights.items()}
-        target = export_hf_folder(cast, out or run / "hf", config_from or hf_config_of_run(run))
+        config = config_from or hf_config_of_run(run)
+        target = export_hf_folder(cast, out or run / "hf", config, run / RUN_TOKENIZER)
     else:
         target = write_weights(weights, out or run / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}", dtype)
     n = sum(t.numel() for t in weights.values())

@@ -1,5 +1,5 @@
 """Pretrained weights into a live, possibly sharded model (``--model.weights``), and Hugging Face folders out
-(``disttrain ckpt export --format hf``).
+(``disttrain ckpt export --format hf``: the weights, the model's ``config.json`` and the run's tokenizer files).
 
 Loading reads safetensors by their JSON headers and plain reads: under FSDP / HSDP each rank reads only the
 rows of each tensor that its shard holds, straight into the shard (no memory map, no full copy anywhere).
@@ -22,7 +22,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from disttrain.build import hf_models
+from disttrain.data.tokenizer_folder import HF_FILES
 from disttrain.errors import ConfigError
+
+HF_CONFIG = "hf-config"
+"""The folder of a run that holds its Hugging Face model's ``config.json`` (written by rank 0 at the start)."""
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -179,10 +184,34 @@ def load_pretrained(model: nn.Module, path: str | Path) -> int:
     return len(mapping)
 
 
-def export_hf_folder(weights: dict[str, torch.Tensor], out: Path, config_from: Path | None) -> Path:
+def save_hf_config(model: nn.Module, run_dir: Path) -> Path | None:
+    """``RUN/hf-config/config.json`` of the one Hugging Face model in ``model`` (the config it was built with,
+    e.g. from a ``build(vocab_size)`` of the user's), for ``ckpt export --format hf``; None for other models."""
+    found = hf_models(model)
+    if len(found) != 1 or not callable(getattr(getattr(found[0], "config", None), "save_pretrained", None)):
+        return None
+    folder = run_dir / HF_CONFIG
+    found[0].config.save_pretrained(folder)  # type: ignore[operator,union-attr]
+    return folder / "config.json"
+
+
+def copy_tokenizer(tokenizer: Path, out: Path) -> list[str]:
+    """The Hugging Face tokenizer files of a run's ``tokenizer/`` folder into ``out`` (replacing any that
+    ``--config-from`` brought: the run trained with this one); the names copied."""
+    copied = []
+    for name in HF_FILES:
+        if (tokenizer / name).is_file():
+            shutil.copy2(tokenizer / name, out / name)
+            copied.append(name)
+    return copied
+
+
+def export_hf_folder(
+    weights: dict[str, torch.Tensor], out: Path, config_from: Path | None, tokenizer: Path | None = None
+) -> Path:
     """A folder ``from_pretrained`` loads offline: ``model.safetensors`` (the model's own names, one leading
-    wrapper name removed when every name shares it) and ``config.json`` (with the rest of ``config_from``'s
-    small files) when given."""
+    wrapper name removed when every name shares it), ``config.json`` (with the rest of ``config_from``'s
+    small files) when given, and the tokenizer files of ``tokenizer`` (a run's ``tokenizer/``) when it has them."""
     from safetensors.torch import save_file
 
     heads = {k.split(".", 1)[0] for k in weights}
@@ -196,6 +225,8 @@ def export_hf_folder(weights: dict[str, torch.Tensor], out: Path, config_from: P
         for f in src.iterdir():
             if f.is_file() and f.suffix in (".json", ".txt", ".model") and f.name != "model.safetensors.index.json":
                 shutil.copy2(f, out / f.name)
+    if tokenizer is not None:
+        copy_tokenizer(tokenizer, out)
     tmp = out / "model.safetensors.tmp"
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")

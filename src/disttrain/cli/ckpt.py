@@ -28,7 +28,8 @@ def main(argv: list[str]) -> int:
         "--format",
         choices=("torch", "safetensors", "hf"),
         default=None,
-        help="default: safetensors; hf: a folder from_pretrained loads (model.safetensors + config.json)",
+        help="default: safetensors; hf: a folder from_pretrained loads (model.safetensors, config.json and the "
+        "run's tokenizer files)",
     )
     exp.add_argument("--config-from", type=Path, default=None, help="hf: copy config.json etc. from this folder")
     exp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")

@@ -104,7 +104,8 @@ class TrainConfig:
     eval_batches: int = 8
     """Micro-batches per rank in one evaluation."""
     generate_chars: int = 300
-    """Characters of sample text printed at the end (text models only; 0 = none)."""
+    """Characters of sample text printed at the end (the built-in GPT or a Hugging Face model, decoded by the data's
+    tokenizer; 0 = none)."""
     skip_nonfinite: bool = True
     """Skip the optimizer step when the loss or grad norm is NaN/Inf (and count it)."""
     deterministic: bool = False

@@ -74,8 +74,14 @@ class PreparedData:
         return int(self.index["vocab_size"])
 
     def tokenizer(self) -> TextTokenizer:
-        tok = self.index["tokenizer"]
-        return saved_tokenizer(self.folder, tok["spec"], int(tok["eot_id"]))
+        return prepared_tokenizer(self.folder)
+
+
+def prepared_tokenizer(path: str | Path) -> TextTokenizer:
+    """The tokenizer the prepared folder at ``path`` was made with (its ``tokenizer.json``)."""
+    folder = Path(path)
+    tok = read_index(folder)["tokenizer"]
+    return saved_tokenizer(folder, tok["spec"], int(tok["eot_id"]))
 
 
 def check_tokenizer(folder: Path, index: dict[str, Any], spec: str | None) -> None:

@@ -29,6 +29,10 @@ from disttrain.errors import ConfigError
 EOT = "<|endoftext|>"
 EOT_NAMES = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]")
 """Special tokens taken for the end of a document, in this order, when a tokenizer file does not say."""
+BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[BOS]")
+"""Special tokens taken for the start of a sequence of a tokenizer file that does not say (none: no bos)."""
+BUILT = ("bytes", "chars")
+"""Kinds made here (with ``bpe:VOCAB``): their start of sequence is the end-of-text token, as GPT-2's."""
 KINDS = "a tokenizer.json file, a folder saved by save_pretrained, bytes, chars or bpe:VOCAB (e.g. bpe:8192)"
 BPE_TRAIN_BYTES = 256 * 2**20
 """``bpe:VOCAB`` trains on the corpus's first documents up to this much text (enough for its statistics)."""
@@ -38,11 +42,13 @@ class TextTokenizer:
     """A tokenizer as prepared data uses it: batches of documents to ids, ids to text, its vocabulary size, its
     end-of-text id and a stable hash."""
 
-    def __init__(self, spec: str, hf: Any, eot_id: int) -> None:
+    def __init__(self, spec: str, hf: Any, eot_id: int, bos_id: int | None = None) -> None:
         self.spec = spec
         """What was asked for: 'bytes', 'chars', 'bpe:8192' or a path."""
         self.hf = hf
         self.eot_id = eot_id
+        self.bos_id = bos_id if bos_id is not None else default_bos(spec, hf, eot_id)
+        """The start-of-sequence id a model's ``bos_token_id`` must be (None: the tokenizer has none)."""
         ids = hf.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(ids) + 1
         self.json = hf.to_str()
@@ -74,6 +80,10 @@ class TextTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return str(self.hf.decode([int(i) for i in ids], skip_special_tokens=False))
+
+    def token(self, i: int) -> str:
+        """The token of id ``i`` (e.g. ``'<|endoftext|>'``)."""
+        return str(self.hf.id_to_token(i))
 
     def save(self, folder: Path) -> Path:
         """``folder/tokenizer.json`` (written to a temporary name, then renamed)."""
@@ -182,22 +192,44 @@ def file_tokenizer(spec: str, what: str) -> TextTokenizer:
         raise ConfigError(
             f"{what} {spec!r}: {file} is not a Hugging Face tokenizer file ({first}); give {KINDS}"
         ) from None
-    return TextTokenizer(spec, hf, end_of_text(hf, file, what))
+    return TextTokenizer(spec, hf, end_of_text(hf, file, what), start_of_sequence(hf, file))
+
+
+def default_bos(spec: str, hf: Any, eot_id: int) -> int | None:
+    """The start of sequence of a tokenizer: the end of text for the kinds made here, else a known name."""
+    if spec in BUILT or spec.startswith("bpe:"):
+        return eot_id
+    found = (hf.token_to_id(name) for name in BOS_NAMES)
+    return next((int(i) for i in found if i is not None), None)
+
+
+def config_token(file: Path, key: str) -> str | None:
+    """``tokenizer_config.json``'s ``key`` (``eos_token``, ``bos_token``) beside ``file``, when it names one."""
+    config = file.with_name("tokenizer_config.json")
+    if not config.is_file():
+        return None
+    try:
+        value = json.loads(config.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def start_of_sequence(hf: Any, file: Path) -> int | None:
+    """``tokenizer_config.json``'s bos_token beside the file, when it names a token of the tokenizer."""
+    name = config_token(file, "bos_token")
+    found = hf.token_to_id(name) if name is not None else None
+    return int(found) if found is not None else None
 
 
 def end_of_text(hf: Any, file: Path, what: str) -> int:
     """The id that ends a document: ``tokenizer_config.json``'s eos_token beside the file, else a known name."""
     names = list(EOT_NAMES)
-    config = file.with_name("tokenizer_config.json")
-    if config.is_file():
-        try:
-            eos = json.loads(config.read_text()).get("eos_token")
-        except (OSError, ValueError, AttributeError):
-            eos = None
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if isinstance(eos, str):
-            names.insert(0, eos)
+    eos = config_token(file, "eos_token")
+    if eos is not None:
+        names.insert(0, eos)
     for name in names:
         found = hf.token_to_id(name)
         if found is not None:

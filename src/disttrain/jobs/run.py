@@ -1,6 +1,6 @@
 """``disttrain run``, the parent's side: resolve the job, write the run folder (``config.toml``,
-``resolved.json``, ``strategy.json``, ``memory_plan.txt``), then start the workers through torchrun
-(in-process when alone).
+``resolved.json``, ``strategy.json``, ``memory_plan.txt``, the data's tokenizer in ``tokenizer/``), then start the
+workers through torchrun (in-process when alone).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
+from disttrain.build import data_tokenizer
 from disttrain.config import JobConfig
+from disttrain.data.tokenizer_folder import RUN_TOKENIZER, write_tokenizer_folder
 from disttrain.jobs.doctor import ensure_machine
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
@@ -53,6 +55,7 @@ def launch_job(cfg: JobConfig) -> int:
     )
     if job.plan_text:
         (run_dir / "memory_plan.txt").write_text(job.plan_text + "\n")
+    save_tokenizer(cfg, run_dir)
     nproc, device = job.nproc, job.device
     print(
         f"disttrain: {job.strategy} on {nproc} {device} process(es) x {cfg.launch.nnodes} node(s); "
@@ -83,6 +86,16 @@ def launch_job(cfg: JobConfig) -> int:
             line += "; " + requeue()
         print(f"disttrain: {line}", file=sys.stderr, flush=True)
     return code
+
+
+def save_tokenizer(cfg: JobConfig, run_dir: Path) -> Path | None:
+    """The data's tokenizer (a prepared folder's, or ``data.tokenizer``) into ``RUN/tokenizer/`` as Hugging Face
+    files: the sample at the end decodes through it and ``ckpt export --format hf`` copies it beside the weights."""
+    tok = data_tokenizer(cfg)
+    if tok is None:
+        return None
+    source = {"data_path": str(Path(cfg.data.path).resolve())} if cfg.data.path else {}
+    return write_tokenizer_folder(tok, run_dir / RUN_TOKENIZER, cfg.model.context, source)
 
 
 def interrupted(cfg: JobConfig, run_dir: Path, code: int) -> str:

@@ -17,13 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from disttrain.build import build_data, build_for_training, build_model, vocab_size
 from disttrain.checkpoint.layout import list_checkpoints
 from disttrain.checkpoint.manager import CheckpointManager
+from disttrain.checkpoint.pretrained import save_hf_config
 from disttrain.config import JobConfig, ResolvedJob
 from disttrain.data.text import TextData
+from disttrain.data.tokenizer_folder import RUN_TOKENIZER, read_tokenizer_folder
 from disttrain.errors import CheckpointError, ConfigError, HealthError, Preempted
 from disttrain.health.events import attempt, health_dir, log_event, record_exit
 from disttrain.health.peers import PEER_LOST_EXIT, learn_nodes, lost_peer, other_nodes
@@ -33,6 +36,7 @@ from disttrain.models.gpt import GPT
 from disttrain.parallel import strategies
 from disttrain.parallel.env import DistEnv, destroy_distributed, init_distributed
 from disttrain.testing.faults import install_if_requested
+from disttrain.train.sample import can_sample, sample_ids
 from disttrain.train.trainer import FitResult, Trainer
 from disttrain.utils.process import exit_now, say_on_console
 
@@ -71,6 +75,8 @@ def build_trainer(job: ResolvedJob, env: DistEnv, run_dir: Path) -> tuple[Traine
     train, val, text = build_data(cfg)
     shards = strategies.get(resolved.strategy).shards_parameters
     model = build_for_training(cfg, vocab_size(train, text), shards, env.local_world_size)
+    if env.is_main:
+        save_hf_config(model, run_dir)  # what `ckpt export --format hf` writes beside the weights
     ckpt = CheckpointManager(
         checkpoints_folder_of(cfg, run_dir),
         cfg.checkpoint,
@@ -111,18 +117,39 @@ def summarize(trainer: Trainer, result: FitResult, text: TextData | None, wall_s
     return summary
 
 
-def sample_text(trainer: Trainer, cfg: JobConfig, text: TextData | None) -> str:
-    """A few generated characters from the trained built-in GPT (collective; '' elsewhere)."""
-    if text is None or cfg.train.generate_chars <= 0 or not isinstance(trainer.model.inner, GPT):
+def sample_text(trainer: Trainer, cfg: JobConfig, text: TextData | None, run_dir: Path) -> str:
+    """A few generated characters from the trained model, decoded by the run's tokenizer (``RUN/tokenizer``:
+    the built-in GPT or a Hugging Face model) or the bundled character one (the built-in GPT); collective, ''
+    elsewhere."""
+    n = cfg.train.generate_chars
+    tok = read_tokenizer_folder(run_dir / RUN_TOKENIZER) if text is None and n > 0 else None
+    model = trainer.model.inner
+    if n <= 0 or not (isinstance(model, GPT) if text is not None else tok is not None and can_sample(model)):
         return ""
-    plain = full_model_for_sampling(trainer, cfg, text.tokenizer.vocab_size)
+    vocab = text.tokenizer.vocab_size if text is not None else tok.vocab_size  # type: ignore[union-attr]
+    plain = full_model_for_sampling(trainer, cfg, vocab)
     if plain is None:
         return ""
-    assert isinstance(plain, GPT)
-    prompt = text.tokenizer.encode("\n").view(1, 1).to(trainer.env.device)
+    if text is not None:
+        return text.tokenizer.decode(sample_from(trainer, plain, text.tokenizer.encode("\n"), cfg))
+    assert tok is not None
+    start = torch.tensor([tok.eot_id if tok.bos_id is None else tok.bos_id])  # a document's start
+    try:
+        ids = sample_from(trainer, plain, start, cfg)
+        # an embedding padded beyond the tokenizer's ids can sample ids it has no text for
+        return tok.decode([i for i in ids if i < tok.vocab_size])[:n]
+    except Exception as e:  # a model of the user's that cannot generate: the training is done, say so and go on
+        msg = f"no sample ({type(e).__name__}: {str(e)[:200]}); --train.generate-chars 0 skips it"
+        log.warning(msg)
+        say_on_console(f"disttrain: warning: {msg}")
+        return ""
+
+
+def sample_from(trainer: Trainer, plain: nn.Module, start: torch.Tensor, cfg: JobConfig) -> list[int]:
+    """``train.generate_chars`` token ids sampled after the one token ``start``, under the run's autocast."""
     with trainer.model.autocast():
-        out = plain.generate(prompt, cfg.train.generate_chars, seed=cfg.train.seed)
-    return text.tokenizer.decode(out[0, 1:].tolist())
+        prompt = start.view(1, 1).to(trainer.env.device)
+        return sample_ids(plain, prompt, cfg.train.generate_chars, cfg.model.context, cfg.train.seed)
 
 
 def report(run_dir: Path, summary: dict[str, Any], sample: str, has_text: bool) -> None:
@@ -151,7 +178,7 @@ def train_job(job: ResolvedJob, env: DistEnv, run_dir: Path) -> int:
         return save_seed(trainer)
     result = trainer.fit()
     summary = summarize(trainer, result, text, time.time() - t_start)
-    sample = sample_text(trainer, cfg, text)
+    sample = sample_text(trainer, cfg, text, run_dir)
     if env.is_main:
         report(run_dir, summary, sample, text is not None)
     return 0

@@ -329,11 +329,12 @@ def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn, machine: Machine |
     loss: :func:`disttrain.train.loss.cross_entropy` for the bundled models), and estimate every strategy."""
     device = target_device(cfg)
     cfg = resolved_precision(cfg, device)
-    from disttrain.build import build_data, build_model, vocab_size
+    from disttrain.build import build_data, build_model, data_tokenizer, vocab_size
 
     train, _, text = build_data(cfg)
     vocab = vocab_size(train, text)
-    model = build_model(cfg, vocab, on_meta=True)
+    tokenizer = data_tokenizer(cfg) if cfg.model.module else None  # a Hugging Face model's special ids must fit it
+    model = build_model(cfg, vocab, on_meta=True, tokenizer=tokenizer)
     prof = profile_model(
         model,
         train[0],
