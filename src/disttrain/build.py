@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from disttrain.config import JobConfig
 from disttrain.data.prepared import is_prepared, load_prepared
+from disttrain.data.stream import check_size, is_raw, raw_windows
 from disttrain.data.text import TextData, load_text_data
 from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, VocabularyError
 from disttrain.models.gpt import GPT, GPTConfig
@@ -94,6 +95,13 @@ def build_data(cfg: JobConfig) -> tuple[Dataset[Any], Dataset[Any] | None, TextD
         assert cfg.data.path is not None
         prepared = load_prepared(cfg.data.path, cfg.model.context, cfg.data.tokenizer, cfg.train.global_batch)
         return prepared.train, prepared.val, None
+    if is_raw(cfg.data.path, cfg.data.tokenizer):
+        assert cfg.data.path is not None and cfg.data.tokenizer is not None
+        train, val = raw_windows(
+            cfg.data.path, cfg.data.tokenizer, cfg.model.context, cfg.train.seed, cfg.data.val_fraction
+        )
+        check_size(train, cfg.train.global_batch)
+        return train, val, None
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     return text.train, text.val, text
 
