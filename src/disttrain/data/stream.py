@@ -99,10 +99,12 @@ class PaceWatch:
 class StreamWindows(Dataset[Window]):
     """A raw corpus's training windows, addressed by global sample position (:meth:`at_positions`)."""
 
-    def __init__(self, units: list[Unit], pool: TokenizerPool, context: int, seed: int, vocab_size: int) -> None:
+    def __init__(
+        self, units: list[Unit], pool: TokenizerPool, context: int, seed: int, vocab_size: int, block_bytes: int
+    ) -> None:
         self.units, self.pool, self.context = units, pool, context
         self.seed, self.vocab_size = seed, vocab_size
-        self.block_bytes = BLOCK_BYTES
+        self.block_bytes = block_bytes
         self.counts: dict[int, int] = {}  # unit -> training windows
         self.resident: dict[int, UnitTokens] = {}
         self.pending: dict[int, Future[UnitTokens]] = {}
@@ -168,7 +170,11 @@ class StreamWindows(Dataset[Window]):
 
     def _next_block(self, seed: int, epoch: int, b: int) -> list[int]:
         blocks = self.blocks(seed, epoch)
-        return blocks[b + 1] if b + 1 < len(blocks) else epoch_blocks([u.size for u in self.units], seed, epoch + 1)[0]
+        return (
+            blocks[b + 1]
+            if b + 1 < len(blocks)
+            else epoch_blocks([u.size for u in self.units], seed, epoch + 1, self.block_bytes)[0]
+        )
 
     def _serve(self, seed: int, epoch: int, b: int) -> None:
         """Entering a block: its next one is tokenized ahead; tokens of any other block are let go."""
@@ -242,14 +248,20 @@ def is_raw(path: str | None, tokenizer: str | None) -> bool:
 
 
 def raw_windows(
-    path: str, tokenizer: str, context: int, seed: int, val_fraction: float, workers: int | None = None
+    path: str,
+    tokenizer: str,
+    context: int,
+    seed: int,
+    val_fraction: float,
+    workers: int | None = None,
+    block_bytes: int = BLOCK_BYTES,
 ) -> tuple[StreamWindows, ArrayWindows | None]:
     """The raw corpus at ``path`` (a file or folder) as training windows tokenized on the fly and the held-out
     windows of its first block; ConfigError (one line) for what :func:`check_raw` finds."""
     units, tok = plan_raw(path, tokenizer)
     spec = TokenizeSpec(tokenizer_path(tokenizer), TEXT_FIELD, val_fraction, dtype_for(tok.vocab_size))
     pool = TokenizerPool(spec, default_workers() if workers is None else workers)
-    train = StreamWindows(units, pool, context, seed, tok.vocab_size)
+    train = StreamWindows(units, pool, context, seed, tok.vocab_size, block_bytes)
     return train, train.validation()
 
 

@@ -56,16 +56,16 @@ def tokenize_unit(unit: Unit, tok: TextTokenizer, spec: TokenizeSpec) -> UnitTok
     batch: list[tuple[str, bool, bool]] = []  # (piece, held out, last piece of its document)
     size = 0
     for n, doc in enumerate(documents(unit, spec.text_field)):
-        val = held_out(unit.index, n, spec.val_fraction)
+        kept = held_out(unit.index, n, spec.val_fraction)
         parts = pieces(doc)
-        batch += [(p, val, i == len(parts) - 1) for i, p in enumerate(parts)]
+        batch += [(p, kept, i == len(parts) - 1) for i, p in enumerate(parts)]
         size += len(doc)
         if size >= BATCH_CHARS:
             _encode(tok, batch, out)
             batch, size = [], 0
     _encode(tok, batch, out)
     dtype = np.dtype(spec.dtype)
-    train, val = (np.concatenate(out[v]).astype(dtype) if out[v] else np.zeros(0, dtype) for v in (False, True))
+    train, val = (np.concatenate(out[k]).astype(dtype) if out[k] else np.zeros(0, dtype) for k in (False, True))
     return UnitTokens(unit.index, train, val, time.perf_counter() - t0)
 
 
@@ -131,7 +131,10 @@ class TokenizerPool:
 
 
 def default_workers() -> int:
-    """Tokenizer processes per rank: this machine's cores over its ranks (torchrun's LOCAL_WORLD_SIZE), 1 to 4."""
+    """Tokenizer processes per rank: this machine's cores over its ranks (torchrun's LOCAL_WORLD_SIZE), 1 to 4;
+    0 (tokenize in this process) outside a torchrun worker, e.g. the parent's planner reading the first sample."""
+    if "LOCAL_RANK" not in os.environ:
+        return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     return max(1, min(4, cores // max(ranks, 1)))
