@@ -53,6 +53,7 @@ def test_raw_windows_are_the_prepared_windows(corpus: Path, tmp_path: Path) -> N
     assert set(epoch) == {key(prepared.train[i]) for i in range(n)}
     assert epoch != [key(prepared.train[i]) for i in range(n)]  # shuffled (by blocks of units)
     assert len(train.blocks(7, 0)) > 1
+    assert "the loader sets the pace" in train.pace_line(1e12) and "data prepare" in train.pace_line(1e12)
     second = [key(w) for w in train.at_positions(list(range(n, 2 * n)), 7)]
     assert set(second) == set(epoch) and second != epoch  # the next epoch: another order
     assert val is not None and prepared.val is not None

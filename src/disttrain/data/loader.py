@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from disttrain.data.permutation import TABLE_LIMIT, Feistel
+
 
 def collate(items: Sequence[Any]) -> Any:
     """Stack a list of samples: tensors, tuples/lists of tensors, or dicts of tensors."""
@@ -65,17 +67,21 @@ class GlobalBatchLoader:
             )
         self.position = 0  # global samples consumed
         self._epoch = -1
-        self._perm: torch.Tensor | None = None
+        self._perm: torch.Tensor | Feistel | None = None
 
     def _index(self, pos: int) -> int:
         epoch, offset = divmod(pos, self.n)
         if not self.shuffle:
             return offset
         if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-            self._perm, self._epoch = torch.randperm(self.n, generator=gen), epoch
+            key = self.seed * 7919 + epoch
+            if self.n > TABLE_LIMIT:  # O(1) memory: RSS does not grow with the corpus
+                self._perm = Feistel(self.n, key)
+            else:
+                self._perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
+            self._epoch = epoch
         assert self._perm is not None
-        return int(self._perm[offset])
+        return int(self._perm(offset) if isinstance(self._perm, Feistel) else self._perm[offset])
 
     def _samples(self, positions: list[int]) -> list[Any]:
         if self._at_positions is not None:
