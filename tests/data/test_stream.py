@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from disttrain.data.loader import GlobalBatchLoader
+from disttrain.data.permutation import TABLE_LIMIT, Feistel
 from disttrain.data.prepared import load_prepared
 from disttrain.data.stream import plan_raw, raw_windows
 from disttrain.errors import ConfigError
@@ -151,3 +152,23 @@ def test_bad_raw_input_is_one_line(corpus: Path, tmp_path: Path) -> None:
     for path, tokenizer, message in cases:  # what the parent checks (the line above): in this process
         with pytest.raises(ConfigError, match=message):
             plan_raw(path, tokenizer)
+
+
+class _Many(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return TABLE_LIMIT * 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(30)
+def test_a_big_dataset_is_shuffled_without_a_table() -> None:
+    for n in (1, 2, 3, 5, 1000, 4099):
+        perm = Feistel(n, 11)
+        assert sorted(perm(i) for i in range(n)) == list(range(n))
+    loader = GlobalBatchLoader(_Many(), 4, 1, 0, 2, seed=5)
+    first = loader.next_step()[0].flatten().tolist()
+    assert isinstance(loader._perm, Feistel) and len(set(first)) == 4
+    again = GlobalBatchLoader(_Many(), 8, 1, 0, 1, seed=5).next_step()[0].flatten().tolist()
+    assert first == again[:4]  # rank 0 of 2 holds the first micro-batch's positions of the one-rank order
