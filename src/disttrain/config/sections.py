@@ -60,9 +60,9 @@ class DataConfig:
     """Where the training samples come from."""
 
     path: str | None = None
-    """A UTF-8 text file to train on (character-level), a folder of token shards made by `disttrain data prepare`, or
-    raw files (text, .jsonl, .parquet, .gz, folders of them) tokenized on the fly with --data.tokenizer (default: the
-    bundled Shakespeare corpus)."""
+    """A UTF-8 text file to train on (character-level), raw files (text, .jsonl, .parquet, .gz, folders of them)
+    tokenized on the fly given data.tokenizer, or a folder of token shards made by `disttrain data prepare`
+    (default: the bundled Shakespeare corpus)."""
     tokenizer: str | None = None
     """With a prepared folder: the tokenizer it must have been prepared with (a tokenizer.json, a save_pretrained
     folder, bytes, chars or bpe:VOCAB); with raw files: a tokenizer.json, a save_pretrained folder or bytes to tokenize
