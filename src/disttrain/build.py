@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from disttrain.config import JobConfig
 from disttrain.data.prepared import is_prepared, load_prepared, prepared_tokenizer
+from disttrain.data.stream import check_size, is_raw, raw_windows
 from disttrain.data.text import TextData, load_text_data
 from disttrain.data.tokenizers import TextTokenizer, load_tokenizer
 from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, VocabularyError
@@ -95,17 +96,26 @@ def build_data(cfg: JobConfig) -> tuple[Dataset[Any], Dataset[Any] | None, TextD
         assert cfg.data.path is not None
         prepared = load_prepared(cfg.data.path, cfg.model.context, cfg.data.tokenizer, cfg.train.global_batch)
         return prepared.train, prepared.val, None
+    if is_raw(cfg.data.path, cfg.data.tokenizer):
+        assert cfg.data.path is not None and cfg.data.tokenizer is not None
+        train, val = raw_windows(
+            cfg.data.path, cfg.data.tokenizer, cfg.model.context, cfg.train.seed, cfg.data.val_fraction
+        )
+        check_size(train, cfg.train.global_batch)
+        return train, val, None
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
     return text.train, text.val, text
 
 
 def data_tokenizer(cfg: JobConfig) -> TextTokenizer | None:
     """The tokenizer the job's token ids come from: a prepared folder's, or ``data.tokenizer`` (a file, a
-    save_pretrained folder or ``bytes``) beside a dataset of the user's (``data.module``); None for text read
-    character by character."""
+    save_pretrained folder or ``bytes``) beside raw files or a dataset of the user's (``data.module``); None for
+    text read character by character."""
     if cfg.data.module is None:
-        path = cfg.data.path
-        return prepared_tokenizer(path) if path is not None and is_prepared(path) else None
+        path, spec = cfg.data.path, cfg.data.tokenizer
+        if path is not None and is_prepared(path):
+            return prepared_tokenizer(path)
+        return load_tokenizer(spec, "data.tokenizer") if spec is not None and is_raw(path, spec) else None
     spec = cfg.data.tokenizer
     if spec is None or spec == "chars" or spec.startswith("bpe:"):  # made from a corpus: nothing to load
         return None

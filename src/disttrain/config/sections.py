@@ -60,16 +60,19 @@ class DataConfig:
     """Where the training samples come from."""
 
     path: str | None = None
-    """A UTF-8 text file to train on (character-level), or a folder of token shards made by `disttrain data prepare`
+    """A UTF-8 text file to train on (character-level), raw files (text, .jsonl, .parquet, .gz, folders of them)
+    tokenized on the fly given data.tokenizer, or a folder of token shards made by `disttrain data prepare`
     (default: the bundled Shakespeare corpus)."""
     tokenizer: str | None = None
     """With a prepared folder: the tokenizer it must have been prepared with (a tokenizer.json, a save_pretrained
-    folder, bytes, chars or bpe:VOCAB); a text file is read with chars. (default: the prepared folder's own)"""
+    folder, bytes, chars or bpe:VOCAB); with raw files: a tokenizer.json, a save_pretrained folder or bytes to tokenize
+    them on the fly (chars: a text file read character by character). (default: the prepared folder's own)"""
     module: str | None = None
     """Your own dataset as 'pkg.mod:build' (or 'path/to/file.py:build'): returns a map-style dataset of (input,
     target) pairs, or a (train, val) pair of them."""
     val_fraction: float = 0.1
-    """Share of a text file held out for evaluation (its tail); a prepared folder's split is made by prepare."""
+    """Share held out for evaluation: a text file's tail; raw files' documents, as prepare picks them (the first
+    block's held-out windows are the evaluation set); a prepared folder's split is made by prepare."""
 
     def __post_init__(self) -> None:
         check(

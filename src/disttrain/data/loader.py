@@ -2,9 +2,10 @@
 
 Step s consumes the global samples [s*G, (s+1)*G) of a seeded per-epoch permutation (G = global batch).
 Within a step, micro-batch m of data-parallel rank r holds positions ``(m*dp + r)*mb ... + mb``.
-The position is independent of the world size, so a job can stop at 4 ranks and resume at 2 over
-exactly the samples it has not seen yet; and any split of the global batch averages to the same loss
-as one process taking it whole.
+A dataset with an ``at_positions(positions, seed)`` method (raw files tokenized on the fly) orders its samples
+itself, by the same global positions. The position is independent of the world size, so a job can stop
+at 4 ranks and resume at 2 over exactly the samples it has not seen yet; and any split of the global
+batch averages to the same loss as one process taking it whole.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from disttrain.data.permutation import TABLE_LIMIT, Feistel
 
 
 def collate(items: Sequence[Any]) -> Any:
@@ -48,6 +51,8 @@ class GlobalBatchLoader:
     ) -> None:
         self.dataset = dataset
         self.n = len(dataset)  # type: ignore[arg-type]
+        # a dataset that orders itself (raw files tokenized on the fly) maps positions to samples on its own
+        self._at_positions = getattr(dataset, "at_positions", None)
         self.micro_batch = micro_batch
         self.accum_steps = accum_steps
         self.dp_rank = dp_rank
@@ -55,24 +60,33 @@ class GlobalBatchLoader:
         self.seed = seed
         self.shuffle = shuffle
         self.global_batch = micro_batch * accum_steps * dp_size
-        if self.n < self.global_batch:
+        if self._at_positions is None and self.n < self.global_batch:
             raise ValueError(
                 f"the dataset has {self.n} samples, fewer than one global batch ({self.global_batch}); "
                 "lower --train.global_batch or use more data"
             )
         self.position = 0  # global samples consumed
         self._epoch = -1
-        self._perm: torch.Tensor | None = None
+        self._perm: torch.Tensor | Feistel | None = None
 
     def _index(self, pos: int) -> int:
         epoch, offset = divmod(pos, self.n)
         if not self.shuffle:
             return offset
         if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-            self._perm, self._epoch = torch.randperm(self.n, generator=gen), epoch
+            key = self.seed * 7919 + epoch
+            if self.n > TABLE_LIMIT:  # O(1) memory: RSS does not grow with the corpus
+                self._perm = Feistel(self.n, key)
+            else:
+                self._perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
+            self._epoch = epoch
         assert self._perm is not None
-        return int(self._perm[offset])
+        return int(self._perm(offset) if isinstance(self._perm, Feistel) else self._perm[offset])
+
+    def _samples(self, positions: list[int]) -> list[Any]:
+        if self._at_positions is not None:
+            return list(self._at_positions(positions, self.seed))
+        return [self.dataset[self._index(p)] for p in positions]
 
     def micro_batch_positions(self, step_start: int, m: int) -> list[int]:
         base = step_start + (m * self.dp_size + self.dp_rank) * self.micro_batch
@@ -81,10 +95,7 @@ class GlobalBatchLoader:
     def next_step(self) -> list[Any]:
         """The ``accum_steps`` micro-batches of this rank for the next optimizer step."""
         start = self.position
-        out = [
-            collate([self.dataset[self._index(p)] for p in self.micro_batch_positions(start, m)])
-            for m in range(self.accum_steps)
-        ]
+        out = [collate(self._samples(self.micro_batch_positions(start, m))) for m in range(self.accum_steps)]
         self.position += self.global_batch
         return out
 

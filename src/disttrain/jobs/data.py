@@ -18,20 +18,17 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from disttrain.data import units as unit_sizes
 from disttrain.data.shards import FORMAT, INDEX, Shard, UnitWriter, completed, crc_of, dtype_for, read_index, write_json
-from disttrain.data.sources import Source, Unit, documents, find_sources, plan_units
+from disttrain.data.sources import Source, Unit, find_sources, plan_units
 from disttrain.data.tokenizers import TextTokenizer, load_tokenizer, saved_tokenizer
 from disttrain.errors import ConfigError
 from disttrain.utils.fmt import fmt_duration
 
 PLAN = "prepare.json"
-UNITS_PER_CORPUS = 64
-"""A corpus is cut into about this many units (at least 4 MiB each, at most one shard's worth): work for every core."""
-SAMPLE_CHARS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +45,7 @@ class PrepareConfig:
     """The field (jsonl) or column (parquet) holding a document's text."""
     val_fraction: float = 0.01
     """Share of the documents held out for validation."""
-    shard_tokens: int = 1 << 26
+    shard_tokens: int = unit_sizes.SHARD_TOKENS
     """About this many tokens per shard, at most (smaller ones when that gives every core work)."""
     workers: int = 0
     """Worker processes (0: one per core)."""
@@ -125,33 +122,12 @@ def make_tokenizer(cfg: PrepareConfig, sources: list[Source], folder: Path) -> T
         made = json.loads((folder / PLAN).read_text()).get("tokenizer", {})
         if made.get("spec") == cfg.tokenizer and (cfg.tokenizer == "chars" or cfg.tokenizer.startswith("bpe:")):
             return saved_tokenizer(folder, cfg.tokenizer, int(made["eot_id"]))
-    return load_tokenizer(cfg.tokenizer, "--tokenizer", corpus_documents(sources, cfg.text_field))
-
-
-def corpus_documents(sources: list[Source], field: str) -> Iterator[str]:
-    """Every document of the corpus, in order, read in this process (to make a tokenizer)."""
-    for unit in plan_units(sources, 1 << 62, field):
-        yield from documents(unit, field)
+    return load_tokenizer(cfg.tokenizer, "--tokenizer", unit_sizes.corpus_documents(sources, cfg.text_field))
 
 
 def unit_bytes(cfg: PrepareConfig, sources: list[Source], tok: TextTokenizer) -> int:
-    """Bytes of input per unit: the corpus over :data:`UNITS_PER_CORPUS` (at least 4 MiB), at most one shard's
-    worth at the bytes per token of the corpus's first MiB."""
-    sample, size = [], 0
-    for doc in corpus_documents(sources, cfg.text_field):
-        sample.append(doc)
-        size += len(doc.encode())
-        if size >= SAMPLE_CHARS:
-            break
-    if not sample:
-        raise ConfigError(
-            f"the corpus ({', '.join(cfg.inputs)}) holds no documents once empty ones are left out; "
-            "give files with text"
-        )
-    tokens = sum(len(ids) for ids in tok.encode_batch(sample)) or 1
-    per_shard = int(cfg.shard_tokens * max(size, 1) / tokens)
-    total = sum(s.size for s in sources)
-    return max(1024, min(per_shard, max(total // UNITS_PER_CORPUS, 4 << 20)))
+    """Bytes of input per unit (:func:`disttrain.data.unit_sizes.unit_bytes`: the raw-file loader cuts the same)."""
+    return unit_sizes.unit_bytes(sources, tok, cfg.text_field, cfg.shard_tokens, ", ".join(cfg.inputs))
 
 
 def plan_of(cfg: PrepareConfig, sources: list[Source], tok: TextTokenizer, dtype: str, units: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from disttrain.checkpoint.layout import resume_target
 from disttrain.config import JobConfig
 from disttrain.data.prepared import is_prepared, load_prepared
+from disttrain.data.stream import is_raw, plan_raw
 from disttrain.data.text import check_text_data
 from disttrain.errors import ConfigError
 
@@ -27,17 +28,16 @@ def check_inputs(cfg: JobConfig) -> None:
 
 
 def check_data(cfg: JobConfig) -> None:
-    """A prepared folder (its index, tokenizer and size), or a text file read character by character."""
+    """A prepared folder (its index, tokenizer and size), raw files with a tokenizer (tokenized on the fly), or a
+    text file read character by character."""
     assert cfg.data.path is not None
     if is_prepared(cfg.data.path):
         load_prepared(cfg.data.path, cfg.model.context, cfg.data.tokenizer, cfg.train.global_batch)
         return
-    if cfg.data.tokenizer not in (None, "chars"):
-        raise ConfigError(
-            f"data.tokenizer {cfg.data.tokenizer!r} needs a prepared folder: a text file is read character by "
-            f"character; run `disttrain data prepare {cfg.data.path} --tokenizer {cfg.data.tokenizer} --out DIR`, "
-            "then --data.path DIR"
-        )
+    if is_raw(cfg.data.path, cfg.data.tokenizer):
+        assert cfg.data.tokenizer is not None
+        plan_raw(cfg.data.path, cfg.data.tokenizer)  # tokenized on the fly by the workers' loaders
+        return
     check_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
 
 

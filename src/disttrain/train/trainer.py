@@ -106,6 +106,8 @@ class Trainer:
         sample_x = self.loader.dataset[0][0]
         self.tokens_per_sample = sample_x.numel() if not sample_x.is_floating_point() else 1
         self.flops_per_sample = M.flops_per_sample(model, sample_x)  # before sharding: the whole model's
+        watch = getattr(train_data, "pace_watch", None)  # raw files: does the loader or the model set the pace?
+        self.pace_watch = watch(self.plan.global_batch * self.tokens_per_sample) if callable(watch) else None
         self.model: Parallelized = parallelize(
             model, cfg.parallel, cfg.precision, dims=self.dims, device=self.env.device
         )
@@ -314,6 +316,8 @@ class Trainer:
         if (self.cfg.train.eval_interval and self.step % self.cfg.train.eval_interval == 0) or last:
             record = self._evaluate_into(progress, record, result)
         progress.write(self.step, record)
+        if self.pace_watch is not None and (line := self.pace_watch.step_done()):
+            progress.print(line)
         if self.guard.exhausted:
             self._on_bad_steps(progress)
             return

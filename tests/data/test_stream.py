@@ -1,0 +1,174 @@
+"""Training straight from raw files (``--data.path corpus.jsonl --data.tokenizer T``): the windows are a prepared
+folder's, every global position names one window of the epoch whatever the number of ranks, a job resumes bitwise
+after kill -9 and continues on 3 ranks, and bad input is one line before any worker starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from disttrain.data.loader import GlobalBatchLoader
+from disttrain.data.permutation import TABLE_LIMIT, Feistel
+from disttrain.data.prepared import load_prepared
+from disttrain.data.stream import plan_raw, raw_windows
+from disttrain.errors import ConfigError
+from disttrain.jobs.data import PrepareConfig, prepare
+from text_corpus import make_docs, write_jsonl
+
+from conftest import disttrain
+
+pytestmark = pytest.mark.timeout(120)
+BLOCK = 100_000
+"""Bytes per block in the in-process tests: several blocks of a few units."""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of 5 .jsonl files (5 units), ~300 KB of documents."""
+    folder = tmp_path_factory.mktemp("stream") / "corpus"
+    folder.mkdir()
+    docs = make_docs(1000, seed=2)
+    for i in range(5):
+        write_jsonl(folder / f"part-{i}.jsonl", docs[i * 200 : (i + 1) * 200])
+    return folder
+
+
+def key(w: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, ...]:
+    return (*w[0].tolist(), int(w[1][-1]))
+
+
+@pytest.mark.timeout(60)
+def test_raw_windows_are_the_prepared_windows(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "prepared"
+    prepare(PrepareConfig((str(corpus),), "bytes", str(out), val_fraction=0.1))
+    prepared = load_prepared(out, 32)
+    train, val = raw_windows(str(corpus), "bytes", 32, seed=7, val_fraction=0.1, workers=1, block_bytes=BLOCK)
+    n = len(prepared.train)
+    epoch = [key(w) for w in train.at_positions(list(range(n)), 7)]
+    assert len(train) == n and len(set(epoch)) == n  # every window once per epoch
+    assert set(epoch) == {key(prepared.train[i]) for i in range(n)}
+    assert epoch != [key(prepared.train[i]) for i in range(n)]  # shuffled (by blocks of units)
+    assert len(train.blocks(7, 0)) > 1
+    assert "the loader sets the pace" in train.pace_line(1e12) and "data prepare" in train.pace_line(1e12)
+    second = [key(w) for w in train.at_positions(list(range(n, 2 * n)), 7)]
+    assert set(second) == set(epoch) and second != epoch  # the next epoch: another order
+    assert val is not None and prepared.val is not None
+    assert {key(val[i]) for i in range(len(val))} <= {key(prepared.val[i]) for i in range(len(prepared.val))}
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_at_another_world_size_continues_the_global_order(corpus: Path) -> None:
+    """Steps 0-3 on 2 ranks, then a fresh loader (another process's, nothing kept) on 3 ranks from step 4: the
+    union of the ranks' samples per step is the one-rank loader's, in the same positions."""
+
+    def loaders(ranks: int, position: int) -> list[GlobalBatchLoader]:
+        train = raw_windows(str(corpus), "bytes", 32, seed=3, val_fraction=0.1, workers=0, block_bytes=BLOCK)[0]
+        out = [GlobalBatchLoader(train, 2, 6 // ranks, r, ranks, seed=3) for r in range(ranks)]
+        for ld in out:
+            ld.load_state_dict({"position": position, "seed": 3})
+        return out
+
+    def steps(lds: list[GlobalBatchLoader], n: int) -> list[set[tuple[int, ...]]]:
+        got = []
+        for _ in range(n):
+            batches = [ld.next_step() for ld in lds]
+            got.append({key((x[i], y[i])) for b in batches for x, y in b for i in range(len(x))})
+        return got
+
+    assert len(steps(loaders(1, 0), 1)[0]) == 12  # a global batch of 12: micro 2 x accum 6 / ranks x ranks
+    start = 12 * 400  # deep into the epoch: several blocks in
+    whole = raw_windows(str(corpus), "bytes", 32, seed=3, val_fraction=0.1, workers=0, block_bytes=BLOCK)[0]
+    want = [{key(w) for w in whole.at_positions(list(range(s, s + 12)), 3)} for s in range(start, start + 48, 12)]
+    assert steps(loaders(2, start), 4) == want
+    assert steps(loaders(3, start), 4) == want
+
+
+def job(data: Path, root: Path, name: str, *extra: str) -> list[str]:
+    """12 steps of a tiny GPT (context 32) in fp32, batch 24 (2 ranks: 3 micro-batches of 4), a checkpoint every 4."""
+    args = ["run", "--data.path", str(data), "--data.tokenizer", "bytes", "--model.n-layers", "2"]
+    args += ["--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32", "--train.steps", "12"]
+    args += ["--train.global-batch", "24", "--train.micro-batch", "4", "--train.eval-interval", "0"]
+    args += ["--train.generate-chars", "0", "--metrics.log-interval", "1", "--precision.dtype", "fp32"]
+    args += ["--parallel.nproc", "2", "--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
+    return [*args, *extra]
+
+
+def losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_kill9_resumes_bitwise_and_3_ranks_continue(corpus: Path, tmp_path: Path) -> None:
+    ref = disttrain(*job(corpus, tmp_path, "ref"), cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert "data: tokenized on the fly at" in ref.stdout, ref.stdout
+    want = losses(tmp_path / "ref")
+    assert sorted(want) == list(range(1, 13)) and want[12] < want[1]
+
+    crash = disttrain(
+        *job(corpus, tmp_path, "crash", "--launch.max-restarts", "1"),
+        cwd=tmp_path,
+        env={"DISTTRAIN_FAULT": "step:11:1"},  # SIGKILL rank 1 as it starts step 11 (first attempt only)
+    )
+    assert crash.returncode == 0, crash.stderr[-3000:]
+    assert re.search(r"resumed from \S+step-0000000[48] \(step [48], sample (96|192)\)", crash.stdout), crash.stdout
+    assert losses(tmp_path / "crash") == want  # bitwise: the same windows in the same order
+
+    step8 = tmp_path / "ref" / "checkpoints" / "step-00000008"
+    three = ["--parallel.nproc", "3", "--parallel.oversubscribe", "--checkpoint.resume", str(step8)]
+    grown = disttrain(*job(corpus, tmp_path, "three", *three), cwd=tmp_path)
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert "(step 8, sample 192)" in grown.stdout, grown.stdout
+    got = losses(tmp_path / "three")
+    assert sorted(got) == [9, 10, 11, 12]
+    for step in got:  # the same global batches, summed over 3 ranks instead of 2
+        assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
+
+
+def one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+@pytest.mark.timeout(60)
+def test_bad_raw_input_is_one_line(corpus: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "fine"}) + "\n{not json\n")
+    one_line(disttrain(*job(bad, tmp_path, "x", "--print-config"), cwd=tmp_path), f"{bad}:2: not a JSON line")
+    cases = [
+        (str(tmp_path / "nope.jsonl"), "bytes", "data.path: input .* does not exist"),
+        (str(corpus), "bpe:500", "'bpe:500' is made from a corpus: use it with `disttrain data prepare`"),
+        (str(corpus), str(tmp_path / "tok.json"), "tok.json'?: no such file"),
+    ]
+    for path, tokenizer, message in cases:  # what the parent checks (the line above): in this process
+        with pytest.raises(ConfigError, match=message):
+            plan_raw(path, tokenizer)
+
+
+class _Many(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return TABLE_LIMIT * 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(30)
+def test_a_big_dataset_is_shuffled_without_a_table() -> None:
+    for n in (1, 2, 3, 5, 1000, 4099):
+        perm = Feistel(n, 11)
+        assert sorted(perm(i) for i in range(n)) == list(range(n))
+    loader = GlobalBatchLoader(_Many(), 4, 1, 0, 2, seed=5)
+    first = loader.next_step()[0].flatten().tolist()
+    assert isinstance(loader._perm, Feistel) and len(set(first)) == 4
+    again = GlobalBatchLoader(_Many(), 8, 1, 0, 1, seed=5).next_step()[0].flatten().tolist()
+    assert first == again[:4]  # rank 0 of 2 holds the first micro-batch's positions of the one-rank order
