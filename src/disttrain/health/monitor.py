@@ -300,12 +300,14 @@ class HealthMonitor:
         """A rank's process stopped (its heartbeat file is silent): the ranks this watchdog finds stuck only wait
         for it, and the launcher's watch names it within a few heartbeats; leave the verdict to it, for a grace
         period (a job started without disttrain's launcher has no such watch: then this one speaks)."""
+        if self.run_dir is not None and launcher_verdict(self.run_dir) is not None:
+            return True  # the launcher has spoken: this rank's heartbeat thread acts on its verdict
         if self.run_dir is None or not silent_ranks(self.run_dir, self.cfg.heartbeat_s):
             self._deferred_since = None
             return False
         now = time.perf_counter()
         self._deferred_since = self._deferred_since or now
-        return now - self._deferred_since < (STALE_BEATS + 4) * self.cfg.heartbeat_s + 5
+        return now - self._deferred_since < (STALE_BEATS + 4) * self.cfg.heartbeat_s + 20
 
     def _on_verdict(self, verdict: dict[str, Any]) -> None:
         """Every rank: dump all threads' stacks, note why in torchrun's error file, wait for the others

@@ -158,9 +158,8 @@ class FrozenWatch:
         verdict = {"by": "launcher", "node": self.node, "stuck": stuck, "waiting": waiting, "timeout_s": timeout}
         stack_dir = health_dir(self.run_dir) / "stacks"
         stack_dir.mkdir(exist_ok=True)
-        for s in stuck:
+        for s in stuck:  # named and recorded first: reading stacks from outside can take seconds on a busy machine
             msg = message(s, timeout)
-            (stack_dir / f"attempt{k}-rank{s['rank']}-frozen.txt").write_text(f"# {msg}\n{stacks_of(s['pid'])}")
             record_exit(self.run_dir, s["rank"], msg, k)
             print(f"disttrain: {msg}; stacks in {stack_dir}; ending it", file=sys.stderr, flush=True)
         log_event(self.run_dir, "hang", **{**verdict, "attempt": k})
@@ -168,6 +167,9 @@ class FrozenWatch:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(verdict))
         os.replace(tmp, path)
+        for s in stuck:  # still stopped: its stacks stay where they froze
+            dump = stacks_of(s["pid"])
+            (stack_dir / f"attempt{k}-rank{s['rank']}-frozen.txt").write_text(f"# {message(s, timeout)}\n{dump}")
         self._let_the_others_dump([int(beats[r]["pid"]) for r in waiting if "pid" in beats[r]])
         for s in stuck:
             try:
