@@ -48,6 +48,37 @@ def losses_by_step(run: Path) -> dict[int, float]:
     return out
 
 
+def assert_one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
+    """A mistake caught before any work: exit 2 and one line on stderr holding every one of ``parts``."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+def assert_resumes_exactly(job: Callable[..., list[str]], tmp_path: Path, want: dict[int, float]) -> None:
+    """The 12-step 2-rank job ``job(root, name, *extra)`` (checkpoints every 4, a reference run ``ref`` already in
+    ``tmp_path``): rank 1 killed as step 11 starts resumes bitwise; 3 ranks from step 8 continue the global
+    position (the same global batches, summed over 3 ranks instead of 2)."""
+    import re
+
+    crash = disttrain(
+        *job(tmp_path, "crash", "--launch.max-restarts", "1"), cwd=tmp_path, env={"DISTTRAIN_FAULT": "step:11:1"}
+    )
+    assert crash.returncode == 0, crash.stderr[-3000:]
+    assert re.search(r"resumed from \S+step-0000000[48] \(step [48], sample (96|192)\)", crash.stdout), crash.stdout
+    assert losses_by_step(tmp_path / "crash") == want  # bitwise: the same windows in the same order
+    step8 = tmp_path / "ref" / "checkpoints" / "step-00000008"
+    three = ["--parallel.nproc", "3", "--parallel.oversubscribe", "--checkpoint.resume", str(step8)]
+    grown = disttrain(*job(tmp_path, "three", *three), cwd=tmp_path)
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert "(step 8, sample 192)" in grown.stdout, grown.stdout
+    got = losses_by_step(tmp_path / "three")
+    assert sorted(got) == [9, 10, 11, 12]
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """No test reads or writes the real ~/.cache/disttrain/machine.json (`disttrain doctor`, `estimate`)."""

@@ -5,8 +5,6 @@ after kill -9 and continues on 3 ranks, and bad input is one line before any wor
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from disttrain.errors import ConfigError
 from disttrain.jobs.data import PrepareConfig, prepare
 from text_corpus import make_docs, write_jsonl
 
-from conftest import disttrain
+from conftest import assert_one_line, assert_resumes_exactly, disttrain, losses_by_step
 
 pytestmark = pytest.mark.timeout(120)
 BLOCK = 100_000
@@ -98,52 +96,23 @@ def job(data: Path, root: Path, name: str, *extra: str) -> list[str]:
     return [*args, *extra]
 
 
-def losses(run: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_kill9_resumes_bitwise_and_3_ranks_continue(corpus: Path, tmp_path: Path) -> None:
     ref = disttrain(*job(corpus, tmp_path, "ref"), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert "data: tokenized on the fly at" in ref.stdout, ref.stdout
-    want = losses(tmp_path / "ref")
+    want = losses_by_step(tmp_path / "ref")
     assert sorted(want) == list(range(1, 13)) and want[12] < want[1]
 
-    crash = disttrain(
-        *job(corpus, tmp_path, "crash", "--launch.max-restarts", "1"),
-        cwd=tmp_path,
-        env={"DISTTRAIN_FAULT": "step:11:1"},  # SIGKILL rank 1 as it starts step 11 (first attempt only)
-    )
-    assert crash.returncode == 0, crash.stderr[-3000:]
-    assert re.search(r"resumed from \S+step-0000000[48] \(step [48], sample (96|192)\)", crash.stdout), crash.stdout
-    assert losses(tmp_path / "crash") == want  # bitwise: the same windows in the same order
-
-    step8 = tmp_path / "ref" / "checkpoints" / "step-00000008"
-    three = ["--parallel.nproc", "3", "--parallel.oversubscribe", "--checkpoint.resume", str(step8)]
-    grown = disttrain(*job(corpus, tmp_path, "three", *three), cwd=tmp_path)
-    assert grown.returncode == 0, grown.stderr[-3000:]
-    assert "(step 8, sample 192)" in grown.stdout, grown.stdout
-    got = losses(tmp_path / "three")
-    assert sorted(got) == [9, 10, 11, 12]
-    for step in got:  # the same global batches, summed over 3 ranks instead of 2
-        assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
-
-
-def one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    for part in parts:
-        assert part in lines[0], (part, lines[0])
+    assert_resumes_exactly(lambda root, name, *extra: job(corpus, root, name, *extra), tmp_path, want)
 
 
 @pytest.mark.timeout(60)
 def test_bad_raw_input_is_one_line(corpus: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "fine"}) + "\n{not json\n")
-    one_line(disttrain(*job(bad, tmp_path, "x", "--print-config"), cwd=tmp_path), f"{bad}:2: not a JSON line")
+    assert_one_line(disttrain(*job(bad, tmp_path, "x", "--print-config"), cwd=tmp_path), f"{bad}:2: not a JSON line")
     cases = [
         (str(tmp_path / "nope.jsonl"), "bytes", "data.path: input .* does not exist"),
         (str(corpus), "bpe:500", "'bpe:500' is made from a corpus: use it with `disttrain data prepare`"),

@@ -5,15 +5,13 @@ the model's embedding is one line before any worker starts."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from text_corpus import make_docs, write_jsonl
 
-from conftest import disttrain, losses_by_step
+from conftest import assert_one_line, assert_resumes_exactly, disttrain, losses_by_step
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,42 +46,18 @@ def test_kill9_resumes_bitwise_and_3_ranks_continue_the_position(folder: Path, t
     summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
     assert summary["final_val_loss"] is not None  # the index's val shards
 
-    crash = disttrain(
-        *job(folder, tmp_path, "crash", "--launch.max-restarts", "1"),
-        cwd=tmp_path,
-        env={"DISTTRAIN_FAULT": "step:11:1"},  # SIGKILL rank 1 as it starts step 11 (first attempt only)
-    )
-    assert crash.returncode == 0, crash.stderr[-3000:]
-    assert re.search(r"resumed from \S+step-0000000[48] \(step [48], sample (96|192)\)", crash.stdout), crash.stdout
-    assert losses_by_step(tmp_path / "crash") == want  # bitwise: the same windows in the same order
-
-    step8 = tmp_path / "ref" / "checkpoints" / "step-00000008"
-    three = ["--parallel.nproc", "3", "--parallel.oversubscribe", "--checkpoint.resume", str(step8)]
-    grown = disttrain(*job(folder, tmp_path, "three", *three), cwd=tmp_path)
-    assert grown.returncode == 0, grown.stderr[-3000:]
-    assert "(step 8, sample 192)" in grown.stdout, grown.stdout
-    got = losses_by_step(tmp_path / "three")
-    assert sorted(got) == [9, 10, 11, 12]
-    for step in got:  # the same global batches, summed over 3 ranks instead of 2
-        assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
-
-
-def one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    for part in parts:
-        assert part in lines[0], (part, lines[0])
+    assert_resumes_exactly(lambda root, name, *extra: job(folder, root, name, *extra), tmp_path, want)
 
 
 def test_another_tokenizer_or_a_small_embedding_is_one_line(folder: Path, tmp_path: Path) -> None:
     base = job(folder, tmp_path, "x")
     base = [a for a in base if a not in ("--data.tokenizer", "bytes")]
-    one_line(
+    assert_one_line(
         disttrain(*base, "--data.tokenizer", "bpe:500", "--print-config", cwd=tmp_path),
         "data.tokenizer 'bpe:500' is not the tokenizer",
         "'bytes'",
     )
-    one_line(
+    assert_one_line(
         disttrain(*base, "--model.module", "usermodel:build", "--print-config", cwd=tmp_path),
         "embeds 128 token ids, but the data has 257",
     )
