@@ -56,10 +56,25 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None
         assert part in lines[0], (part, lines[0])
 
 
-def assert_resumes_exactly(job: Callable[..., list[str]], tmp_path: Path, want: dict[int, float]) -> None:
-    """The 12-step 2-rank job ``job(root, name, *extra)`` (checkpoints every 4, a reference run ``ref`` already in
-    ``tmp_path``): rank 1 killed as step 11 starts resumes bitwise; 3 ranks from step 8 continue the global
-    position (the same global batches, summed over 3 ranks instead of 2)."""
+def bytes_job(data: Path, root: Path, name: str, *extra: str) -> list[str]:
+    """12 steps of a tiny GPT (context 32) on ``data`` read as bytes, in fp32, batch 24 (2 ranks: 3 micro-batches
+    of 4), a checkpoint every 4, in ``root/name``."""
+    args = ["run", "--data.path", str(data), "--data.tokenizer", "bytes", "--model.n-layers", "2"]
+    args += ["--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32", "--train.steps", "12"]
+    args += ["--train.global-batch", "24", "--train.micro-batch", "4", "--train.eval-interval", "0"]
+    args += ["--train.generate-chars", "0", "--metrics.log-interval", "1", "--precision.dtype", "fp32"]
+    args += ["--parallel.nproc", "2", "--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
+    return [*args, *extra]
+
+
+def assert_resumes_exactly(data: Path, tmp_path: Path, want: dict[int, float]) -> None:
+    """:func:`bytes_job` on ``data`` (a reference run ``ref`` already in ``tmp_path``, its losses ``want``): rank 1
+    killed as step 11 starts resumes bitwise; 3 ranks from step 8 continue the global position (the same global
+    batches, summed over 3 ranks instead of 2)."""
+
+    def job(root: Path, name: str, *extra: str) -> list[str]:
+        return bytes_job(data, root, name, *extra)
+
     import re
 
     crash = disttrain(

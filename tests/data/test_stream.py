@@ -18,7 +18,7 @@ from disttrain.errors import ConfigError
 from disttrain.jobs.data import PrepareConfig, prepare
 from text_corpus import make_docs, write_jsonl
 
-from conftest import assert_one_line, assert_resumes_exactly, disttrain, losses_by_step
+from conftest import assert_one_line, assert_resumes_exactly, bytes_job, disttrain, losses_by_step
 
 pytestmark = pytest.mark.timeout(120)
 BLOCK = 100_000
@@ -86,33 +86,25 @@ def test_a_restart_at_another_world_size_continues_the_global_order(corpus: Path
     assert steps(loaders(3, start), 4) == want
 
 
-def job(data: Path, root: Path, name: str, *extra: str) -> list[str]:
-    """12 steps of a tiny GPT (context 32) in fp32, batch 24 (2 ranks: 3 micro-batches of 4), a checkpoint every 4."""
-    args = ["run", "--data.path", str(data), "--data.tokenizer", "bytes", "--model.n-layers", "2"]
-    args += ["--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32", "--train.steps", "12"]
-    args += ["--train.global-batch", "24", "--train.micro-batch", "4", "--train.eval-interval", "0"]
-    args += ["--train.generate-chars", "0", "--metrics.log-interval", "1", "--precision.dtype", "fp32"]
-    args += ["--parallel.nproc", "2", "--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
-    return [*args, *extra]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_kill9_resumes_bitwise_and_3_ranks_continue(corpus: Path, tmp_path: Path) -> None:
-    ref = disttrain(*job(corpus, tmp_path, "ref"), cwd=tmp_path)
+    ref = disttrain(*bytes_job(corpus, tmp_path, "ref"), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert "data: tokenized on the fly at" in ref.stdout, ref.stdout
     want = losses_by_step(tmp_path / "ref")
     assert sorted(want) == list(range(1, 13)) and want[12] < want[1]
 
-    assert_resumes_exactly(lambda root, name, *extra: job(corpus, root, name, *extra), tmp_path, want)
+    assert_resumes_exactly(corpus, tmp_path, want)
 
 
 @pytest.mark.timeout(60)
 def test_bad_raw_input_is_one_line(corpus: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "fine"}) + "\n{not json\n")
-    assert_one_line(disttrain(*job(bad, tmp_path, "x", "--print-config"), cwd=tmp_path), f"{bad}:2: not a JSON line")
+    assert_one_line(
+        disttrain(*bytes_job(bad, tmp_path, "x", "--print-config"), cwd=tmp_path), f"{bad}:2: not a JSON line"
+    )
     cases = [
         (str(tmp_path / "nope.jsonl"), "bytes", "data.path: input .* does not exist"),
         (str(corpus), "bpe:500", "'bpe:500' is made from a corpus: use it with `disttrain data prepare`"),

@@ -11,7 +11,7 @@ import pytest
 
 from text_corpus import make_docs, write_jsonl
 
-from conftest import assert_one_line, assert_resumes_exactly, disttrain, losses_by_step
+from conftest import assert_one_line, assert_resumes_exactly, bytes_job, disttrain, losses_by_step
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,30 +27,20 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def job(folder: Path, root: Path, name: str, *extra: str) -> list[str]:
-    """12 steps of a tiny GPT (context 32) in fp32, batch 24 (2 ranks: 3 micro-batches of 4), a checkpoint every 4."""
-    args = ["run", "--data.path", str(folder), "--data.tokenizer", "bytes", "--model.n-layers", "2"]
-    args += ["--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32", "--train.steps", "12"]
-    args += ["--train.global-batch", "24", "--train.micro-batch", "4", "--train.eval-interval", "0"]
-    args += ["--train.generate-chars", "0", "--metrics.log-interval", "1", "--precision.dtype", "fp32"]
-    args += ["--parallel.nproc", "2", "--checkpoint.interval", "4", "--run.root", str(root), "--run.name", name]
-    return [*args, *extra]
-
-
 @pytest.mark.slow
 def test_kill9_resumes_bitwise_and_3_ranks_continue_the_position(folder: Path, tmp_path: Path) -> None:
-    ref = disttrain(*job(folder, tmp_path, "ref"), cwd=tmp_path)
+    ref = disttrain(*bytes_job(folder, tmp_path, "ref"), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = losses_by_step(tmp_path / "ref")
     assert sorted(want) == list(range(1, 13)) and want[12] < want[1]
     summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
     assert summary["final_val_loss"] is not None  # the index's val shards
 
-    assert_resumes_exactly(lambda root, name, *extra: job(folder, root, name, *extra), tmp_path, want)
+    assert_resumes_exactly(folder, tmp_path, want)
 
 
 def test_another_tokenizer_or_a_small_embedding_is_one_line(folder: Path, tmp_path: Path) -> None:
-    base = job(folder, tmp_path, "x")
+    base = bytes_job(folder, tmp_path, "x")
     base = [a for a in base if a not in ("--data.tokenizer", "bytes")]
     assert_one_line(
         disttrain(*base, "--data.tokenizer", "bpe:500", "--print-config", cwd=tmp_path),
