@@ -10,10 +10,12 @@ Batch = the PS job's global batch (trainers x batch = 2 x 256), drawn exactly as
 global batch (``ClickLog.batch(512, Generator(seed * 100_003 + step))``): the same samples in the same order.
 Evaluations as the PS job's (every ``eval_interval`` steps and at the end, on ``ClickLog.held_out(eval_samples,
 seed)``, AUC by ``disttrain.ps.clicks.auc``), inside the timed loop as in ``PSTrainer.fit``, so samples/s count
-the same work. Torch's default threads (what a user gets); the PS job sets one thread per process.
+the same work. Two variants: torch's default threads (what a user gets) and one thread (as each PS process
+runs); the verdict is against the faster of the two.
 
 ``disttrain ps`` runs as a user runs it: the CLI with the default job (2 trainers x 2 servers, BSP, 400 steps);
-its figures from ``summary.json``. The two alternate, 3 rounds (order swapped each round), medians.
+its figures from ``summary.json``. The three alternate, ``--rounds`` rounds (the order rotating every round),
+medians; the ratios are paired per round.
 
 RPC costs: two processes joined by ``disttrain.rpc.transport`` (TensorPipe, the PS job's transport choice), the
 caller times (a) a call of an empty function and (b) ``disttrain.ps.server.pull_many`` of server 0's share of
