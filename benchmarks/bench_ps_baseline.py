@@ -204,6 +204,13 @@ def main(argv: list[str]) -> None:
     C.print_machine()
     os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
     t0 = time.monotonic()
+    runs = run_rounds(args.rounds)
+    rpc = rpc_costs(args.rpc_calls)
+    report(runs, rpc, args.rounds, time.monotonic() - t0)
+
+
+def run_rounds(rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Each variant in its own process, ``rounds`` times, the order rotating every round."""
     # "one": torch's default threads (what a user gets); "one-1t": one thread, as each PS process has
     variants = {
         "ps": lambda tmp, r: run_ps(tmp, r),
@@ -213,12 +220,17 @@ def main(argv: list[str]) -> None:
     names = list(variants)
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory(prefix="disttrain-ps-baseline-") as tmp:
-        for r in range(args.rounds):
+        for r in range(rounds):
             k0 = r % len(names)
             for k in names[k0:] + names[:k0]:  # the order rotates every round
                 runs[k].append(variants[k](Path(tmp), r))
                 print(f"round {r + 1} {k}: {runs[k][-1]}", flush=True)
-    rpc = rpc_costs(args.rpc_calls)
+    return runs
+
+
+def report(runs: dict[str, list[dict[str, Any]]], rpc: dict[str, Any], rounds: int, elapsed: float) -> None:
+    """The tables, the verdicts against the issue's goals, and the results file."""
+    names = list(runs)
     med = {k: {m: C.median([x[m] for x in v]) for m in ("samples_per_s", "auc")} for k, v in runs.items()}
     ps_sps = [x["samples_per_s"] for x in runs["ps"]]
     ratios = {k: C.paired_ratio(ps_sps, [x["samples_per_s"] for x in runs[k]]) for k in ("one", "one-1t")}
@@ -228,7 +240,7 @@ def main(argv: list[str]) -> None:
     title = (
         f"default job: {job.ps.trainers} trainers x {job.ps.servers} servers, {job.train.steps} steps of "
         f"{job.ps.trainers} x {job.train.batch}; one process: batch {job.ps.trainers * job.train.batch}, same samples; "
-        f"{args.rounds} rounds, medians"
+        f"{rounds} rounds, medians"
     )
     labels = {
         "ps": "disttrain ps (default job, 1 thread / process)",
@@ -262,7 +274,6 @@ def main(argv: list[str]) -> None:
         f"{rpc['empty_us']:.0f} us (p90 {rpc['empty_p90_us']:.0f}); pull of {rpc['pull_rows']} rows "
         f"({rpc['pull_bytes'] / 1024:.1f} KiB) {rpc['pull_us']:.0f} us (p90 {rpc['pull_p90_us']:.0f})"
     )
-    elapsed = time.monotonic() - t0
     print(f"wall time: {elapsed:.0f} s")
     C.write_results(
         "bench_ps_baseline",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 from text_corpus import make_docs, write_jsonl
 
-from conftest import disttrain
+from conftest import assert_one_line, disttrain, losses_by_step
 
 STEPS, KILL_AT, EVERY = 10, 9, 3
 
@@ -45,11 +44,6 @@ def job(folder: Path, root: Path, name: str, *extra: str) -> list[str]:
     return [*args, "--run.root", str(root), "--run.name", name, *extra]
 
 
-def losses(run: Path) -> dict[int, float]:
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in recs if "loss" in r}
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_jsonl_to_a_transformers_model_that_generates(prepared: Path, tmp_path: Path) -> None:
@@ -61,7 +55,7 @@ def test_jsonl_to_a_transformers_model_that_generates(prepared: Path, tmp_path: 
 
     ref = disttrain(*job(prepared, tmp_path, "ref"), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    want = losses(tmp_path / "ref")
+    want = losses_by_step(tmp_path / "ref")
     assert sorted(want) == list(range(1, STEPS + 1)) and want[STEPS] < want[1], want
 
     crash = disttrain(
@@ -72,7 +66,7 @@ def test_jsonl_to_a_transformers_model_that_generates(prepared: Path, tmp_path: 
     assert crash.returncode == 0, crash.stderr[-3000:]
     # from step 6, or 3 when the asynchronous save of step 6 was still in flight at the kill
     assert re.search(r"resumed from \S+step-0000000[36] \(step [36], sample (48|96)\)", crash.stdout), crash.stdout
-    assert losses(tmp_path / "crash") == want  # bitwise: every logged loss
+    assert losses_by_step(tmp_path / "crash") == want  # bitwise: every logged loss
 
     run = tmp_path / "crash"
     tok = prepared_tokenizer(prepared)  # the tokenizer travels with the run, and the sample decodes through it
@@ -101,18 +95,11 @@ def test_jsonl_to_a_transformers_model_that_generates(prepared: Path, tmp_path: 
     assert isinstance(new, str) and new.strip()
 
 
-def one_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    for part in parts:
-        assert part in lines[0], (part, lines[0])
-
-
 @pytest.mark.timeout(120)
 def test_an_hf_config_whose_special_ids_disagree_with_the_tokenizer_is_one_line(prepared: Path, tmp_path: Path) -> None:
     base = job(prepared, tmp_path, "x")
     wrong = [a if a != "hf_models:llama_sized" else "hf_models:llama_default_ids" for a in base]
-    one_line(
+    assert_one_line(
         disttrain(*wrong, "--print-config", cwd=tmp_path),
         "model.module 'hf_models:llama_default_ids': its config's eos_token_id 2 is not the tokenizer's end of text",
         "end of text 0 ('<|endoftext|>')",
