@@ -44,7 +44,7 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings repeat what the trainers say
 
     def name(rank: int) -> str:
-        return f"trainer{rank} (rank {rank})" if rank < ps.trainers else f"server{rank - ps.trainers} (rank {rank})"
+        return f"{ps.role(rank)} (rank {rank})"
 
     with watch_frozen(cfg.health, run_dir, cfg.launch.node_rank):
         code = run_torchrun([*argv, "-m", "disttrain.jobs.ps_worker", str(run_dir)], nproc, "cpu", name)
@@ -56,11 +56,12 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
 
 def ps_procs_per_node(cfg: PSJobConfig) -> int:
     """Trainers + servers spread evenly over ``launch.nnodes`` (ranks in order: trainers, then servers)."""
-    total = cfg.ps.trainers + cfg.ps.servers
+    total = cfg.ps.processes
     nodes = int(cfg.launch.nnodes.split(":")[-1])
     if ":" in cfg.launch.nnodes or total % nodes:
+        who = "trainers, each with its server" if cfg.ps.colocated else f"trainers + {cfg.ps.servers} servers"
         raise ConfigError(
-            f"disttrain ps runs {total} processes ({cfg.ps.trainers} trainers + {cfg.ps.servers} servers), which "
+            f"disttrain ps runs {total} processes ({cfg.ps.trainers} {who}), which "
             f"launch.nnodes {cfg.launch.nnodes!r} must divide evenly (a fixed number of nodes: RPC groups are static)"
         )
     return total // nodes

@@ -86,11 +86,12 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", message="You are using a Backend")  # torch's own DDP set-up, on gloo
     torch.set_num_threads(1)
     servers = [f"server{i}" for i in range(cfg.ps.servers)]
-    me = f"trainer{rank}" if rank < cfg.ps.trainers else servers[rank - cfg.ps.trainers]
+    # a colocated process is addressed as its server (trainers are never called)
+    me = servers[rank] if cfg.ps.colocated else cfg.ps.role(rank)
     transport.init(me, rank, world, timeout_s=cfg.ps.rpc_timeout_s)
     if rank < cfg.ps.trainers:
         train(cfg, rank, servers, run_dir)
-        transport.shutdown()
+        transport.shutdown()  # colocated: serves until every trainer is done
         return 0
     with ProgressBeat(run_dir, rank, me, cfg.health) as beat:  # a server: the launcher names it if it freezes
         remove = hooks.on("ps_update", lambda step, _rank: beat.progress(step))
@@ -135,6 +136,7 @@ def write_summary(cfg: PSJobConfig, run_dir: Path, res: PSResult) -> None:
         "final": res.evals[-1],
         "samples_per_s": res.samples_per_s,
         "bytes_per_step": res.bytes_per_step,
+        "cache_hit_rate": res.cache_hit_rate,
         "final_loss": res.losses[-1],
         "max_staleness": max(res.staleness, default=0),
         "server0_pushes": stats,
@@ -151,7 +153,7 @@ def server_down(cfg: PSJobConfig, rank: int, run_dir: Path, e: RpcError) -> NoRe
     """A call to a server failed (it died, or stopped answering within ps.rpc_timeout_s): one line naming it,
     the events log, and the way back; then this trainer exits (torchrun ends or restarts the whole job)."""
     who = next((s for s in (f"server{i}" for i in range(cfg.ps.servers)) if f" on {s} " in str(e)), "a server")
-    where = f"{who} (rank {cfg.ps.trainers + int(who[6:])})" if who != "a server" else who
+    where = f"{who} (rank {cfg.ps.server_rank(int(who[6:]))})" if who != "a server" else who
     back = resume_hint(run_dir, "server")
     msg = f"disttrain ps: {where} is down or not answering, trainer {rank} stops: {e}; {back}"
     log_event(run_dir, "ps_server_down", server=who, trainer=rank, error=str(e))

@@ -37,7 +37,9 @@ class ClickLog:
         self.tables, self.n_dense = tables, n_dense
         gen = torch.Generator().manual_seed(seed)
         self.ranks_to_ids = [torch.randperm(rows, generator=gen) for rows in tables]
-        self.popularity = [1.0 / torch.arange(1, rows + 1, dtype=torch.float64) ** skew for rows in tables]
+        popularity = [1.0 / torch.arange(1, rows + 1, dtype=torch.float64) ** skew for rows in tables]
+        # inverse-CDF sampling: one searchsorted per draw, not a pass over the whole table as multinomial makes
+        self.cdf = [(p.cumsum(0) / p.sum()).clamp_(max=1.0) for p in popularity]
         self.id_weight = [torch.randn(rows, generator=gen) * 0.8 for rows in tables]  # the hidden model
         self.dense_weight = torch.randn(n_dense, generator=gen) * 0.5
         self.bias = -1.0
@@ -59,8 +61,12 @@ class ClickLog:
     def batch(self, size: int, gen: torch.Generator) -> Batch:
         ids = torch.stack(
             [
-                r2i[torch.multinomial(p, size, replacement=True, generator=gen)]
-                for r2i, p in zip(self.ranks_to_ids, self.popularity, strict=True)
+                r2i[
+                    torch.searchsorted(cdf, torch.rand(size, generator=gen, dtype=torch.float64)).clamp_(
+                        max=len(cdf) - 1
+                    )
+                ]
+                for r2i, cdf in zip(self.ranks_to_ids, self.cdf, strict=True)
             ],
             dim=1,
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from disttrain.ps import exchange as step_exchange
 from disttrain.ps import server
 from disttrain.ps.sharding import RowSharding
 from disttrain.rpc import transport
@@ -110,3 +111,67 @@ class TableGroup:
         answers = [transport.wait(f, s, fn) for s, f in zip(self.servers, futs, strict=True)]
         self.bytes_moved += sum(u.numel() * 8 + g.numel() * 4 for (u, _, _), g in zip(split, summed, strict=True))
         return answers[0]
+
+    def _route(self, ids: list[torch.Tensor]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per table, per server: (positions in the table's ``ids``, local rows) of distinct ids."""
+        return [t.sharding.split(i) for t, i in zip(self.tables, ids, strict=True)]
+
+    def exchange(
+        self,
+        push_ids: list[torch.Tensor],
+        push_grads: list[torch.Tensor],
+        pull_ids: list[torch.Tensor],
+        step: tuple[int, int, int, float],
+        dense_grad: torch.Tensor | None = None,
+    ) -> PendingStep:
+        """BSP's one message per server for a step (:mod:`disttrain.ps.exchange`): per table, the distinct
+        ``push_ids`` with their summed gradients, and the distinct ``pull_ids`` to read once every trainer's
+        pushes are applied; ``step``: (clock, trainer, trainers, loss); ``dense_grad`` goes to server 0."""
+        clock, trainer, trainers, loss = step
+        push, pull = self._route(push_ids), self._route(pull_ids)
+        futs = []
+        for k, s in enumerate(self.servers):
+            msg = step_exchange.StepMessage(
+                names=self.names,
+                push_rows=torch.cat([parts[k][1] for parts in push]),
+                push_grads=torch.cat([g[parts[k][0]] for g, parts in zip(push_grads, push, strict=True)]),
+                push_counts=[len(parts[k][1]) for parts in push],
+                pull_rows=torch.cat([parts[k][1] for parts in pull]),
+                pull_counts=[len(parts[k][1]) for parts in pull],
+                clock=clock,
+                trainer=trainer,
+                trainers=trainers,
+                loss=loss,
+                dense_grad=dense_grad if k == 0 else None,
+            )
+            futs.append(transport.call_async(s, step_exchange.exchange, msg))
+        self.bytes_moved += sum(i.numel() * 8 + g.numel() * 4 for i, g in zip(push_ids, push_grads, strict=True))
+        self.bytes_moved += sum(i.numel() * 8 + i.numel() * self.tables[0].dim * 4 for i in pull_ids)
+        return PendingStep(self.servers, futs, pull_ids, pull, self.tables[0].dim)
+
+
+class PendingStep:
+    """The answers of one :meth:`TableGroup.exchange`: :meth:`wait` gives, per table, the rows of its
+    ``pull_ids`` (in that order), the step's mean loss and the mean dense gradient."""
+
+    def __init__(
+        self,
+        servers: list[str],
+        futs: list[Any],
+        pull_ids: list[torch.Tensor],
+        routes: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        dim: int,
+    ) -> None:
+        self.servers, self.futs, self.pull_ids, self.routes, self.dim = servers, futs, pull_ids, routes, dim
+
+    def wait(self) -> tuple[list[torch.Tensor], float, torch.Tensor | None]:
+        rows = [torch.empty(len(i), self.dim) for i in self.pull_ids]
+        loss, dense = 0.0, None
+        for k, (s, f) in enumerate(zip(self.servers, self.futs, strict=True)):
+            answer = transport.wait(f, s, step_exchange.exchange)
+            got = answer.rows.split([len(parts[k][1]) for parts in self.routes])
+            for i, g in enumerate(got):
+                rows[i][self.routes[i][k][0]] = g
+            if k == 0:
+                loss, dense = answer.mean_loss, answer.dense_grad
+        return rows, loss, dense

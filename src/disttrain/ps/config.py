@@ -25,10 +25,24 @@ class PSConfig:
     more than ``staleness`` steps ahead of the slowest; asp: nobody waits."""
     staleness: int = 2
     """ssp: how many steps a trainer may run ahead of the slowest one."""
-    dense: Literal["auto", "ddp", "server"] = "auto"
-    """The dense MLP: ddp (replicated on the trainers, gradients all-reduced over their own process group;
-    bsp only), server (held by server 0 with its Adam state; under bsp a step's gradients are averaged into
-    one update); auto: ddp under bsp, server otherwise."""
+    dense: Literal["auto", "trainers", "ddp", "server"] = "auto"
+    """The dense MLP: trainers (replicated on the trainers; under bsp each sends its gradient in the step's one
+    message to server 0, which answers with the mean, as DDP's all-reduce would, without a collective of its
+    own); ddp (replicated, gradients all-reduced over the trainers' own process group; bsp only); server (held
+    by server 0 with its Adam state; under bsp a step's gradients are averaged into one update); auto:
+    trainers under bsp, server otherwise."""
+    cache_rows: int = 4096
+    """bsp: each trainer keeps up to this many of each table's most read rows after pulling them, and reads
+    them from its cache for cache_staleness more steps (0: no cache)."""
+    cache_staleness: int = 2
+    """bsp: steps a cached row is read without pulling it again; its gradients meanwhile are summed and pushed
+    when its window ends, at checkpoints, evaluations and the end (0: every row is pushed and pulled every
+    step, exactly BSP without a cache)."""
+    colocate: Literal["auto", "on", "off"] = "auto"
+    """on: process i is trainer i and server i (servers == trainers; half the processes, and each trainer's
+    own shard is read without a network hop, as TorchRec and colocated PS deployments do); off: servers are
+    processes of their own (after the trainers, in rank order; needed for a spare server to take a dead one's
+    place); auto: on when servers == trainers."""
     combine_pushes: bool = True
     """ssp / asp: pushes that arrive while a server is applying one are applied together, as one update."""
     sharding: Literal["mod", "range"] = "mod"
@@ -54,7 +68,36 @@ class PSConfig:
 
     @property
     def dense_on_server(self) -> bool:
-        return self.dense == "server" or (self.dense == "auto" and self.mode != "bsp")
+        return self.dense_where == "server"
+
+    @property
+    def dense_where(self) -> str:
+        """Where the dense part is kept and how its gradients meet: trainers, ddp or server."""
+        if self.dense != "auto":
+            return self.dense
+        return "trainers" if self.mode == "bsp" else "server"
+
+    @property
+    def colocated(self) -> bool:
+        return self.colocate == "on" or (self.colocate == "auto" and self.servers == self.trainers)
+
+    @property
+    def processes(self) -> int:
+        """The job's processes: trainers, then the servers of their own."""
+        return self.trainers if self.colocated else self.trainers + self.servers
+
+    def server_rank(self, server: int) -> int:
+        return server if self.colocated else self.trainers + server
+
+    def role(self, rank: int) -> str:
+        """Who rank ``rank`` is: 'trainer1', 'server0', 'trainer1+server1' (colocated)."""
+        if self.colocated:
+            return f"trainer{rank}+server{rank}"
+        return f"trainer{rank}" if rank < self.trainers else f"server{rank - self.trainers}"
+
+    @property
+    def caching(self) -> bool:
+        return self.mode == "bsp" and self.cache_rows > 0
 
     def __post_init__(self) -> None:
         check(self.servers >= 1, f"ps.servers must be >= 1, got {self.servers}")
@@ -77,6 +120,20 @@ class PSConfig:
             self.dense != "ddp" or self.mode == "bsp",
             f"ps.dense ddp keeps the trainers in lockstep (an all-reduce per step), which {self.mode} exists to "
             f"avoid: use --ps.dense server (or auto) with --ps.mode {self.mode}",
+        )
+        check(
+            self.dense != "trainers" or self.mode == "bsp",
+            f"ps.dense trainers averages the dense gradients in each bsp step's message; {self.mode} has no such "
+            f"step: use --ps.dense server (or auto) with --ps.mode {self.mode}",
+        )
+        check(
+            self.cache_rows >= 0 and self.cache_staleness >= 0,
+            f"ps.cache_rows and ps.cache_staleness must be >= 0, got {self.cache_rows}, {self.cache_staleness}",
+        )
+        check(
+            self.colocate != "on" or self.servers == self.trainers,
+            f"ps.colocate on puts server i in trainer i's process: it needs as many servers as trainers, got "
+            f"{self.servers} servers and {self.trainers} trainers",
         )
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
 

@@ -27,7 +27,7 @@ def create(name: str, global_ids: torch.Tensor, dim: int, options: dict[str, Any
     return len(global_ids)
 
 
-def _table(name: str) -> ShardTable:
+def get_table(name: str) -> ShardTable:
     table = _TABLES.get(name)
     if table is None:
         raise ConfigError(f"no table {name!r} on this server (it has {sorted(_TABLES) or 'none'}); create it first")
@@ -35,11 +35,11 @@ def _table(name: str) -> ShardTable:
 
 
 def pull(name: str, rows: torch.Tensor) -> torch.Tensor:
-    return _table(name).pull(rows)
+    return get_table(name).pull(rows)
 
 
 def state(name: str) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in _table(name).state_dict().items()}
+    return {k: v.clone() for k, v in get_table(name).state_dict().items()}
 
 
 _PENDING: dict[tuple[str, int], list[tuple[int, torch.Tensor, torch.Tensor, Future[int]]]] = {}
@@ -57,7 +57,7 @@ def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int
         ready = _PENDING.pop((name, clock)) if len(pending) == n else None
     if ready is not None:
         ready.sort(key=lambda p: p[0])
-        table = _table(name)
+        table = get_table(name)
         table.push(torch.cat([p[1] for p in ready]), torch.cat([p[2] for p in ready]))
         hooks.fire("ps_update", table.updates, int(os.environ.get("RANK", -1)))
         for p in ready:
@@ -168,7 +168,7 @@ def load_shards(path: str) -> int:
     """Load what :func:`save_shards` wrote into this server's tables; the number of tables."""
     state = torch.load(path, weights_only=True)
     for name, table_state in state.items():
-        _table(name).load_state_dict(table_state)
+        get_table(name).load_state_dict(table_state)
     return len(state)
 
 
@@ -176,7 +176,7 @@ def load_shards(path: str) -> int:
 def pull_many(names: list[str], rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """The rows of every table at once: ``rows`` holds ``counts[i]`` local rows of table ``names[i]`` after
     each other (one tensor each way: a message's cost grows with its number of tensors)."""
-    return torch.cat([_table(n).pull(r) for n, r in zip(names, rows.split(counts), strict=True)])
+    return torch.cat([get_table(n).pull(r) for n, r in zip(names, rows.split(counts), strict=True)])
 
 
 _QUEUE: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor], Future[int]]] = []
@@ -220,7 +220,7 @@ def _apply(batch: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor], 
             per_table[n][1].append(g)
     with _LOCK:
         for n, (rs, gs) in per_table.items():
-            _table(n).push(torch.cat(rs), torch.cat(gs))
+            get_table(n).push(torch.cat(rs), torch.cat(gs))
         _STATS["pushes"] += len(batch)
         _STATS["updates"] += 1
 

@@ -21,7 +21,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
-from disttrain.ps.clicks import ClickLog, CriteoFile, auc
+from disttrain.ps.bsp_step import BspRows, StepRows
+from disttrain.ps.cache import RowCache
+from disttrain.ps.clicks import Batch, ClickLog, CriteoFile, auc
 from disttrain.ps.client import TableClient, TableGroup
 from disttrain.ps.config import PSJobConfig
 from disttrain.ps.model import DenseArch
@@ -41,6 +43,8 @@ class PSResult:
     """Per step: seconds (reads, forward/backward, pushes, waits; not checkpoints or evaluations)."""
     step_bytes: list[int] = field(default_factory=list)
     """Per step: bytes this trainer moved to and from the servers."""
+    cache_hit_rate: float = 0.0
+    """bsp with a cache: the share of distinct rows read that the cache served."""
 
 
 class PSTrainer:
@@ -73,9 +77,14 @@ class PSTrainer:
         self.group_tables = TableGroup(self.tables)
         torch.manual_seed(train.seed)
         model = DenseArch(ps.n_dense, len(sizes), ps.dim, ps.hidden)
-        self.dense_on_server = ps.dense_on_server
-        ddp = group is not None and not self.dense_on_server
+        self.dense_on_server, self.dense_where = ps.dense_on_server, ps.dense_where
+        ddp = group is not None and self.dense_where == "ddp"
         self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
+        caches = [RowCache(rows, ps.dim, ps.cache_rows, ps.cache_staleness) for rows in sizes] if ps.caching else []
+        self.bsp = BspRows(self.group_tables, caches, rank, ps.trainers) if ps.mode == "bsp" else None
+        self.rows: StepRows | None = None  # bsp: the next step's rows, read in the last step's message
+        self.counts_loaded = False
+        self.ahead: dict[int, Batch] = {}  # bsp: the next step's samples, drawn when their rows were asked for
         self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr)
         self.eval_batch = self.log.held_out(train.eval_samples, train.seed)
 
@@ -86,12 +95,17 @@ class PSTrainer:
             flat = parameters_to_vector(self.model.parameters()).detach()
             transport.call(self.servers[0], server.create_dense, flat, self.cfg.dense_lr)
 
-    def my_batch(self, step: int) -> Any:
+    def global_batch(self, step: int) -> Batch:
+        """Step ``step``'s samples of every trainer."""
         batch, trainers, seed = self.train.batch, self.cfg.trainers, self.train.seed
-        b = self.log.batch(batch * trainers, torch.Generator().manual_seed(seed * 100_003 + step))
-        part = slice(self.rank * batch, (self.rank + 1) * batch)
-        b.dense, b.ids, b.label = b.dense[part], b.ids[part], b.label[part]
-        return b
+        return self.log.batch(batch * trainers, torch.Generator().manual_seed(seed * 100_003 + step))
+
+    def my_part(self, b: Batch) -> Batch:
+        part = slice(self.rank * self.train.batch, (self.rank + 1) * self.train.batch)
+        return Batch(b.dense[part], b.ids[part], b.label[part])
+
+    def my_batch(self, step: int) -> Batch:
+        return self.my_part(self.global_batch(step))
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return self.group_tables.pull(ids)
@@ -112,6 +126,8 @@ class PSTrainer:
             self.health.phase(name)
 
     def step(self, step: int) -> float:
+        if self.bsp is not None:
+            return self._bsp_step(step, self.bsp)
         cfg = self.cfg
         self._phase("data")
         self.staleness.append(self.wait_turn(step))
@@ -138,9 +154,65 @@ class PSTrainer:
             transport.call(self.servers[0], server.tick, self.rank, step + 1, cfg.trainers)
         return float(mean_loss) if cfg.mode == "bsp" else own
 
-    def _push_dense(self, step: int) -> None:
+    def _bsp_step(self, step: int, bsp: BspRows) -> float:
+        """One BSP step: train on the rows the last step's message read, then one message per server pushes
+        this step's gradients (and the dense one) and reads the next step's rows."""
+        self._phase("data")
+        self.staleness.append(0)
+        hooks.fire("ps_step", step, self.rank)
+        whole = self.ahead.pop(step, None) or self.global_batch(step)
+        b = self.my_part(whole)
+        self._phase("forward")  # the first step's read included
+        if self.rows is None:
+            self.rows = bsp.first(step, b.ids, whole.ids, resumed=self.counts_loaded)
+        if self.dense_on_server:
+            vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
+        embs = self.rows.embeddings().requires_grad_()
+        loss = F.binary_cross_entropy_with_logits(self.model(b.dense, embs), b.label)
+        self._phase("backward")
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        assert embs.grad is not None
+        self._phase("optimizer")  # the step's message included
+        nxt = self.global_batch(step + 1) if step + 1 < self.train.steps else None
+        if nxt is not None:
+            self.ahead[step + 1] = nxt
+        dense = self._flat_grad() if self.dense_where == "trainers" and self.cfg.trainers > 1 else None
+        self.rows, mean_loss, mean_dense = bsp.step(
+            step,
+            self.rows,
+            embs.grad / self.cfg.trainers,
+            None if nxt is None else (self.my_part(nxt).ids, nxt.ids),
+            float(loss.detach()),
+            dense,
+            self._syncs_after(step + 1),
+        )
+        if mean_dense is not None:
+            self._set_grad(mean_dense)
+        if self.dense_on_server:
+            self._push_dense(step)
+        else:
+            self.opt.step()
+        return mean_loss
+
+    def _syncs_after(self, done: int) -> bool:
+        """Every cached row reaches the servers after step ``done``: a checkpoint, an evaluation or the end."""
+        every, evals = self.checkpoint_interval, self.train.eval_interval
+        return done == self.train.steps or bool(every and done % every == 0) or bool(evals and done % evals == 0)
+
+    def _flat_grad(self) -> torch.Tensor:
         params = list(self.model.parameters())
-        grad = parameters_to_vector([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+        return parameters_to_vector([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+
+    def _set_grad(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.model.parameters():
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def _push_dense(self, step: int) -> None:
+        grad = self._flat_grad()
         if self.cfg.mode == "bsp":
             transport.call(self.servers[0], server.push_dense_together, grad, step, self.rank, self.cfg.trainers)
         else:
@@ -161,16 +233,20 @@ class PSTrainer:
         }
 
     def state(self, step: int) -> dict[str, Any]:
+        extra = {"cache": self.bsp.state()} if self.bsp is not None and self.bsp.caches else {}
         if self.dense_on_server:
-            return {"dense_server": transport.call(self.servers[0], server.dense_state), "step": step}
+            return {"dense_server": transport.call(self.servers[0], server.dense_state), "step": step, **extra}
         model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
-        return {"model": model.state_dict(), "opt": self.opt.state_dict(), "step": step}
+        return {"model": model.state_dict(), "opt": self.opt.state_dict(), "step": step, **extra}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """The dense part (rank 0 restores the server's copy when it lives there) and the data position."""
         self.start = int(state["step"])
         if isinstance(self.log, CriteoFile):
             self.log.seek(self.start, self.train.batch * self.cfg.trainers)
+        if "cache" in state and self.bsp is not None and self.bsp.caches:
+            self.bsp.load_state(state["cache"])
+            self.counts_loaded = True
         if "dense_server" in state:
             if self.rank == 0:
                 transport.call(self.servers[0], server.load_dense_state, state["dense_server"])
@@ -202,4 +278,5 @@ class PSTrainer:
         done = max(train.steps - self.start, 1)
         res.samples_per_s = done * train.batch * self.cfg.trainers / (time.perf_counter() - t0)
         res.bytes_per_step = self.group_tables.bytes_moved / done
+        res.cache_hit_rate = self.bsp.hit_rate if self.bsp is not None else 0.0
         return res

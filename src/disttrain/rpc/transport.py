@@ -49,7 +49,7 @@ def init(
         # The rendezvous store lives in rank 0 (unless torchrun's agent hosts it): :func:`shutdown` uses it
         # to let rank 0 leave last, so that no worker still finishing its shutdown loses the store.
         store = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-        _GROUP.update(store=store, rank=rank, world=world_size)
+        _GROUP.update(store=store, rank=rank, world=world_size, name=name)
     except Exception as e:
         where = f"{name} (rank {rank} of {world_size})"
         raise RpcError(f"rpc: {where} could not join at {addr}:{port}: {_first(e)}") from None
@@ -82,12 +82,29 @@ def call(to: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = 
 
 
 def call_async(to: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Future:
-    """Start ``fn(*args, **kwargs)`` on worker ``to``; a Future of its result (:func:`wait` it)."""
+    """Start ``fn(*args, **kwargs)`` on worker ``to``; a Future of its result (:func:`wait` it). A call to this
+    worker itself runs here and now, without serialising anything (a colocated trainer and server)."""
+    if to == _GROUP.get("name"):
+        return _local(fn, args, kwargs)
     timeout = -1.0 if timeout_s is None else timeout_s  # -1: the group's default
     try:
         return rpc.rpc_async(to, fn, args=args, kwargs=kwargs, timeout=timeout)
     except Exception as e:
         raise RpcError(f"rpc: {_describe(to, fn)} could not start: {_first(e)}") from None
+
+
+def _local(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future:
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as e:
+        failed: Future = Future()
+        failed.set_exception(e)
+        return failed
+    if getattr(fn, "_wrapped_async_rpc_function", None) is not None:
+        return out  # an async_execution function's own Future
+    done: Future = Future()
+    done.set_result(out)
+    return done
 
 
 def wait(fut: Future, to: str, fn: Callable[..., Any]) -> Any:

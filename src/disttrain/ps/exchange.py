@@ -1,0 +1,85 @@
+"""BSP's one message per server and step (the server side): a trainer's pushes of step t, the rows it needs
+for step t+1, its loss and (server 0) its dense gradient, answered once every trainer's step t is applied.
+
+Before, a BSP step cost each trainer a pull and a push per server and an all-reduce of the dense gradient
+among the trainers (three round trips, two of them barriers). Here the step's barrier is the one message:
+the last trainer's arrival applies all pushes together (in trainer order, so the sums are the same every
+run), averages the dense gradients (in trainer order, as DDP's all-reduce would), then every trainer gets
+its next rows, read after the update (exactly what a pull after the barrier would read), the step's mean
+loss and the mean dense gradient.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch.futures import Future
+
+from disttrain.ps.server import get_table, pull_many
+from disttrain.rpc import transport
+from disttrain.utils import hooks
+
+
+@dataclass
+class StepMessage:
+    """One trainer's step ``clock`` for one server: pushes (``push_counts[i]`` local rows of table
+    ``names[i]`` after each other), the rows to read after the update, its loss and its dense gradient."""
+
+    names: list[str]
+    push_rows: torch.Tensor
+    push_grads: torch.Tensor
+    push_counts: list[int]
+    pull_rows: torch.Tensor
+    pull_counts: list[int]
+    clock: int
+    trainer: int
+    trainers: int
+    loss: float
+    dense_grad: torch.Tensor | None = None
+
+
+@dataclass
+class StepAnswer:
+    rows: torch.Tensor
+    """The rows asked for, read after every trainer's pushes of the step were applied."""
+    mean_loss: float
+    dense_grad: torch.Tensor | None
+    """The trainers' mean dense gradient (when they sent theirs)."""
+
+
+_PENDING: dict[int, list[tuple[StepMessage, Future[StepAnswer]]]] = {}
+_LOCK = threading.Lock()
+
+
+@transport.async_execution
+def exchange(msg: StepMessage) -> Future[StepAnswer]:
+    """Answered when all ``msg.trainers`` messages of ``msg.clock`` have arrived and been applied."""
+    fut: Future[StepAnswer] = Future()
+    with _LOCK:
+        pending = _PENDING.setdefault(msg.clock, [])
+        pending.append((msg, fut))
+        ready = _PENDING.pop(msg.clock) if len(pending) == msg.trainers else None
+    if ready is not None:
+        _apply_step(sorted(ready, key=lambda p: p[0].trainer))
+    return fut
+
+
+def _apply_step(ready: list[tuple[StepMessage, Future[StepAnswer]]]) -> None:
+    msgs = [m for m, _ in ready]
+    rows = [m.push_rows.split(m.push_counts) for m in msgs]
+    grads = [m.push_grads.split(m.push_counts) for m in msgs]
+    rank = int(os.environ.get("RANK", -1))
+    for i, name in enumerate(msgs[0].names):
+        t, table_rows = get_table(name), torch.cat([r[i] for r in rows])
+        if len(table_rows):  # a run's first exchange only reads
+            t.push(table_rows, torch.cat([g[i] for g in grads]))
+            hooks.fire("ps_update", t.updates, rank)
+    n = len(msgs)
+    mean_loss = sum(m.loss for m in msgs) / n
+    dense = [m.dense_grad for m in msgs if m.dense_grad is not None]
+    mean_dense = torch.stack(dense).sum(0) / n if len(dense) == n else None
+    for m, fut in ready:
+        fut.set_result(StepAnswer(pull_many(m.names, m.pull_rows, m.pull_counts), mean_loss, mean_dense))
