@@ -4,6 +4,8 @@ servers as one torchrun job on this node."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.errors import ConfigError
+from disttrain.health.events import log_event
+from disttrain.launch.direct import node_ranks, start
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSJobConfig
@@ -40,8 +44,10 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
         f"disttrain ps: {ps.trainers} trainer(s) x {ps.servers} server(s), {ps.mode}, {tables}; run folder {run_dir}",
         flush=True,
     )
-    argv = torchrun_argv(nproc, cfg.launch, log_dir=run_dir / "logs")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings repeat what the trainers say
+    if ps.spare_servers:
+        return launch_with_spares(cfg, run_dir)
+    argv = torchrun_argv(nproc, cfg.launch, log_dir=run_dir / "logs")
 
     def name(rank: int) -> str:
         return f"{ps.role(rank)} (rank {rank})"
@@ -65,3 +71,61 @@ def ps_procs_per_node(cfg: PSJobConfig) -> int:
             f"launch.nnodes {cfg.launch.nnodes!r} must divide evenly (a fixed number of nodes: RPC groups are static)"
         )
     return total // nodes
+
+
+def launch_with_spares(cfg: PSJobConfig, run_dir: Path) -> int:
+    """The processes started and watched here (:mod:`disttrain.launch.direct`), not by torchrun, whose agent
+    would end every process when a server dies: the trainers hand a dead server's shard to a spare and go on."""
+    ps, launch = cfg.ps, cfg.launch
+    what = f"disttrain ps runs {ps.processes} processes ({ps.trainers} trainers + {ps.servers} servers + spares)"
+    ranks, host, port = node_ranks(ps.processes, launch.nnodes, launch.node_rank, launch.rdzv_endpoint or "", what)
+    procs = {
+        r: start("disttrain.jobs.ps_worker", r, ps.processes, host, port, run_dir, launch.node_rank) for r in ranks
+    }
+    try:
+        with watch_frozen(cfg.health, run_dir, launch.node_rank):
+            return watch_servers(cfg, procs, run_dir)
+    except KeyboardInterrupt:
+        for p in procs.values():
+            p.send_signal(signal.SIGINT)
+        return 130
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+
+
+def watch_servers(cfg: PSJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
+    """Until this node's trainers end: a server that dies is named (the trainers replace it); a trainer that
+    fails ends the job."""
+    ps, reported = cfg.ps, set()
+    trainers = [r for r in procs if r < ps.trainers]
+    while True:
+        time.sleep(0.2)
+        for r, p in procs.items():
+            code = p.poll()
+            if code in (None, 0) or r in reported:
+                continue
+            reported.add(r)
+            log = run_dir / "logs" / f"rank{r}.log"
+            if r < ps.trainers:
+                log_event(run_dir, "ps_trainer_died", rank=r, exit_code=code)
+                print(
+                    f"disttrain ps: trainer{r} (rank {r}) exited with code {code}; the job ends (log: {log})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            log_event(run_dir, "ps_server_died", rank=r, role=ps.role(r), exit_code=code)
+            print(
+                f"disttrain ps: {ps.role(r)} (rank {r}) exited with code {code}; a spare takes its shard (log: {log})",
+                file=sys.stderr,
+                flush=True,
+            )
+        if trainers and all(procs[r].poll() is not None for r in trainers):
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+                time.sleep(0.1)
+            return 0
+        if not trainers and all(p.poll() is not None for p in procs.values()):
+            return 0

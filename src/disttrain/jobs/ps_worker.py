@@ -90,18 +90,51 @@ def main(argv: list[str]) -> int:
     me = servers[rank] if cfg.ps.colocated else cfg.ps.role(rank)
     transport.init(me, rank, world, timeout_s=cfg.ps.rpc_timeout_s)
     if rank < cfg.ps.trainers:
-        train(cfg, rank, servers, run_dir)
-        transport.shutdown()  # colocated: serves until every trainer is done
+        holders = train(cfg, rank, servers, run_dir)
+        if cfg.ps.spare_servers:
+            leave_with_spares(cfg, rank, holders)
+        else:
+            transport.shutdown()  # colocated: serves until every trainer is done
         return 0
     with ProgressBeat(run_dir, rank, me, cfg.health) as beat:  # a server: the launcher names it if it freezes
         remove = hooks.on("ps_update", lambda step, _rank: beat.progress(step))
-        transport.shutdown()  # serves until every trainer is done
+        if cfg.ps.spare_servers:
+            serve_until_done()
+            transport.shutdown(graceful=False, peers=[0])
+        else:
+            transport.shutdown()  # serves until every trainer is done
         remove()
     return 0
 
 
-def train(cfg: PSJobConfig, rank: int, servers: list[str], run_dir: Path) -> None:
-    """Trainer ``rank``'s part: tables (rank 0), resume, the loop under heartbeats, the summary (rank 0)."""
+DONE_KEY = "ps/done"
+
+
+def leave_with_spares(cfg: PSJobConfig, rank: int, holders: list[str]) -> None:
+    """A job with spare servers may have lost a process, which a graceful RPC shutdown (a barrier over every
+    worker) would wait for: the trainers say they are done in the store, trainer 0 tells the servers and
+    spares to leave, and leaves after every live process has."""
+    store = transport.store()
+    store.set(f"ps/trainer-done/{rank}", "1")
+    if rank != 0:
+        transport.shutdown(graceful=False, peers=[0])
+        return
+    store.wait([f"ps/trainer-done/{r}" for r in range(cfg.ps.trainers)])
+    store.set(DONE_KEY, "1")
+    dead = [cfg.ps.server_rank(k) for k in range(cfg.ps.servers) if f"server{k}" not in holders]
+    transport.shutdown(graceful=False, peers=[r for r in range(cfg.ps.processes) if r not in dead])
+
+
+def serve_until_done() -> None:
+    """A server or spare of a job with spares: answer calls until trainer 0 says the job is done."""
+    store = transport.store()
+    while not store.check([DONE_KEY]):
+        time.sleep(0.2)
+
+
+def train(cfg: PSJobConfig, rank: int, servers: list[str], run_dir: Path) -> list[str]:
+    """Trainer ``rank``'s part: tables (rank 0), resume, the loop under heartbeats, the summary (rank 0); the
+    processes that hold the shards at the end (a spare may hold a dead server's)."""
     group = trainers_group(rank, cfg.ps.trainers)
     health = HealthMonitor(cfg.health, rank, cfg.ps.trainers, run_dir, cfg.ps.rpc_timeout_s)
     health.start()
@@ -127,6 +160,7 @@ def train(cfg: PSJobConfig, rank: int, servers: list[str], run_dir: Path) -> Non
         write_summary(cfg, run_dir, res)
     if group is not None:
         dist.destroy_process_group()
+    return trainer.servers
 
 
 def write_summary(cfg: PSJobConfig, run_dir: Path, res: PSResult) -> None:

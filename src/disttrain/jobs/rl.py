@@ -10,24 +10,21 @@ from the run folder's ``config.toml``.
 from __future__ import annotations
 
 import datetime
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
 
 import torch.distributed as dist
 
 from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
-from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
+from disttrain.launch.direct import node_ranks, start
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
-from disttrain.utils.host import free_port
 
 
 def rl_run_dir(cfg: RLJobConfig) -> Path:
@@ -38,45 +35,14 @@ def rl_run_dir(cfg: RLJobConfig) -> Path:
 
 def my_ranks(cfg: RLJobConfig) -> tuple[range, str, int]:
     """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
-    world, nodes = world_size(cfg), int(cfg.launch.nnodes.split(":")[-1])
-    if ":" in cfg.launch.nnodes or world % nodes:
-        raise ConfigError(
-            f"disttrain rl runs {world} processes (1 learner + {cfg.rl.actors} actors + "
-            f"{cfg.rl.spare_actors} spares), which launch.nnodes {cfg.launch.nnodes!r} must divide "
-            "evenly"
-        )
-    if nodes == 1:
-        return range(world), "127.0.0.1", free_port()
-    if not cfg.launch.rdzv_endpoint or ":" not in cfg.launch.rdzv_endpoint:
-        raise ConfigError(
-            "launch.nnodes > 1 needs --launch.rdzv-endpoint HOST:PORT (node 0's address, the same everywhere)"
-        )
-    host, port = cfg.launch.rdzv_endpoint.rsplit(":", 1)
-    per = world // nodes
-    return range(cfg.launch.node_rank * per, (cfg.launch.node_rank + 1) * per), host, int(port)
+    rl, world = cfg.rl, world_size(cfg)
+    what = f"disttrain rl runs {world} processes (1 learner + {rl.actors} actors + {rl.spare_actors} spares)"
+    return node_ranks(world, cfg.launch.nnodes, cfg.launch.node_rank, cfg.launch.rdzv_endpoint or "", what)
 
 
 def world_size(cfg: RLJobConfig) -> int:
     """The learner, the actors and the spares."""
     return 1 + cfg.rl.actors + cfg.rl.spare_actors
-
-
-def start(rank: int, world: int, host: str, port: int, run_dir: Path, node: int = 0) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ,
-        RANK=str(rank),
-        GROUP_RANK=str(node),  # whose launcher watches its heartbeat
-        WORLD_SIZE=str(world),
-        MASTER_ADDR=host,
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings when an actor dies
-    log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
-    out = None if rank == 0 else log
-    cmd = [sys.executable, "-m", "disttrain.jobs.rl_worker", str(run_dir)]
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=log if rank else None)
 
 
 def launch_rl(cfg: RLJobConfig) -> int:
@@ -92,7 +58,8 @@ def launch_rl(cfg: RLJobConfig) -> int:
             f"envs, inference on the {rl.inference}; run folder {run_dir}",
             flush=True,
         )
-    procs = {r: start(r, world_size(cfg), host, port, run_dir, cfg.launch.node_rank) for r in ranks}
+    module, node = "disttrain.jobs.rl_worker", cfg.launch.node_rank
+    procs = {r: start(module, r, world_size(cfg), host, port, run_dir, node) for r in ranks}
     try:
         with watch_frozen(cfg.health, run_dir, cfg.launch.node_rank):  # names a learner or actor that froze
             return Watch(cfg, procs, run_dir, (host, port)).run()

@@ -37,6 +37,7 @@ class BspRows:
     def __init__(self, group: TableGroup, caches: list[RowCache], rank: int, trainers: int) -> None:
         self.group, self.caches, self.rank, self.trainers = group, caches, rank, trainers
         self.dim = group.tables[0].dim
+        self.epoch = 0  # roll-backs so far (a spare server took a dead one's place)
 
     def first(self, step: int, ids: torch.Tensor, every_ids: torch.Tensor, resumed: bool) -> StepRows:
         """The rows ``ids`` of the run's first step ``step`` (an exchange that pushes nothing; ``every_ids``:
@@ -90,7 +91,7 @@ class BspRows:
         if next_ids is None:
             pull = [torch.empty(0, dtype=torch.int64) for _ in self.group.tables]
             _, mean_loss, dense = self.group.exchange(
-                push_ids, push_grads, pull, (clock, self.rank, self.trainers, loss), dense_grad
+                push_ids, push_grads, pull, (clock, self.rank, self.trainers, loss), dense_grad, self.epoch
             ).wait()
             return None, mean_loss, dense
         mine, every = next_ids
@@ -107,7 +108,8 @@ class BspRows:
                 pull.append(u[~held])
             else:
                 pull.append(u)
-        pending = self.group.exchange(push_ids, push_grads, pull, (clock, self.rank, self.trainers, loss), dense_grad)
+        step = (clock, self.rank, self.trainers, loss)
+        pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch)
         got, mean_loss, dense = pending.wait()
         values = []
         for i, u in enumerate(uniq):
@@ -121,6 +123,12 @@ class BspRows:
             self.caches[i].admit(pull[i], got[i], clock + 1)
             values.append(v)
         return StepRows(uniq, inverse, values), mean_loss, dense
+
+    def roll_back(self, epoch: int) -> None:
+        """Forget every cached row (the servers are back at a checkpoint, where the caches were empty)."""
+        self.epoch = epoch
+        for c in self.caches:
+            c.clear()
 
     def state(self) -> dict[str, Any]:
         """What a resume needs to choose the same hot rows (the cache is empty at every checkpoint)."""

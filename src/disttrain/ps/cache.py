@@ -80,6 +80,12 @@ class RowCache:
         self.ids[slots] = -1
         return ids, grads
 
+    def clear(self) -> None:
+        """Hold no row (their values and gradients are dropped; the counts stay)."""
+        held = self.ids[self.ids >= 0]
+        self.slot_of[held] = -1
+        self.ids.fill_(-1)
+
     @property
     def hit_rate(self) -> float:
         return self.hits / max(self.reads, 1)

@@ -26,12 +26,15 @@ class TableClient:
 
     def create(self, **options: Any) -> None:
         """Create every server's shard (rows initialised from their global ids: any sharding starts equal)."""
-        futs = [
-            transport.call_async(s, server.create, self.name, self.sharding.global_ids(i), self.dim, options)
-            for i, s in enumerate(self.servers)
-        ]
+        futs = [self.create_shard(k, **options) for k in range(len(self.servers))]
         for s, f in zip(self.servers, futs, strict=True):
             transport.wait(f, s, server.create)
+
+    def create_shard(self, k: int, **options: Any) -> Any:
+        """Start creating shard ``k`` on the process that holds it now; a Future."""
+        return transport.call_async(
+            self.servers[k], server.create, self.name, self.sharding.global_ids(k), self.dim, options
+        )
 
     def full(self) -> torch.Tensor:
         """The whole table gathered from the servers (tests, checkpoints of small tables)."""
@@ -112,6 +115,12 @@ class TableGroup:
         self.bytes_moved += sum(u.numel() * 8 + g.numel() * 4 for (u, _, _), g in zip(split, summed, strict=True))
         return answers[0]
 
+    def use_servers(self, servers: list[str]) -> None:
+        """The processes that hold the shards now (a spare in a dead server's place)."""
+        self.servers = servers
+        for t in self.tables:
+            t.servers = servers
+
     def _route(self, ids: list[torch.Tensor]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per table, per server: (positions in the table's ``ids``, local rows) of distinct ids."""
         return [t.sharding.split(i) for t, i in zip(self.tables, ids, strict=True)]
@@ -123,6 +132,7 @@ class TableGroup:
         pull_ids: list[torch.Tensor],
         step: tuple[int, int, int, float],
         dense_grad: torch.Tensor | None = None,
+        epoch: int = 0,
     ) -> PendingStep:
         """BSP's one message per server for a step (:mod:`disttrain.ps.exchange`): per table, the distinct
         ``push_ids`` with their summed gradients, and the distinct ``pull_ids`` to read once every trainer's
@@ -143,6 +153,7 @@ class TableGroup:
                 trainers=trainers,
                 loss=loss,
                 dense_grad=dense_grad if k == 0 else None,
+                epoch=epoch,
             )
             futs.append(transport.call_async(s, step_exchange.exchange, msg))
         self.bytes_moved += sum(i.numel() * 8 + g.numel() * 4 for i, g in zip(push_ids, push_grads, strict=True))

@@ -31,18 +31,25 @@ class PSConfig:
     own); ddp (replicated, gradients all-reduced over the trainers' own process group; bsp only); server (held
     by server 0 with its Adam state; under bsp a step's gradients are averaged into one update); auto:
     trainers under bsp, server otherwise."""
-    cache_rows: int = 4096
+    cache_rows: int = 0
     """bsp: each trainer keeps up to this many of each table's most read rows after pulling them, and reads
-    them from its cache for cache_staleness more steps (0: no cache)."""
+    them from its cache for cache_staleness more steps (0: no cache). It cuts the bytes per step (the default
+    job with 4096: 31% fewer rows read, 29% of reads from the cache) at some CPU per step, so it pays where the
+    link's bandwidth, not its latency, bounds the step: on one host it does not (docs/ps.md)."""
     cache_staleness: int = 2
     """bsp: steps a cached row is read without pulling it again; its gradients meanwhile are summed and pushed
     when its window ends, at checkpoints, evaluations and the end (0: every row is pushed and pulled every
     step, exactly BSP without a cache)."""
+    spare_servers: int = 0
+    """bsp with checkpoints: idle server processes in the job from the start. When a server dies, a spare
+    loads its rows from the newest checkpoint, every server and trainer rolls back to that checkpoint's step,
+    and the job goes on without restarting the other processes (RPC's group is fixed when it starts, so the
+    dead process itself cannot come back)."""
     colocate: Literal["auto", "on", "off"] = "auto"
     """on: process i is trainer i and server i (servers == trainers; half the processes, and each trainer's
     own shard is read without a network hop, as TorchRec and colocated PS deployments do); off: servers are
     processes of their own (after the trainers, in rank order; needed for a spare server to take a dead one's
-    place); auto: on when servers == trainers."""
+    place); auto: on when servers == trainers and there are no spare servers."""
     combine_pushes: bool = True
     """ssp / asp: pushes that arrive while a server is applying one are applied together, as one update."""
     sharding: Literal["mod", "range"] = "mod"
@@ -79,12 +86,13 @@ class PSConfig:
 
     @property
     def colocated(self) -> bool:
-        return self.colocate == "on" or (self.colocate == "auto" and self.servers == self.trainers)
+        auto = self.servers == self.trainers and not self.spare_servers
+        return self.colocate == "on" or (self.colocate == "auto" and auto)
 
     @property
     def processes(self) -> int:
-        """The job's processes: trainers, then the servers of their own."""
-        return self.trainers if self.colocated else self.trainers + self.servers
+        """The job's processes: trainers, then the servers of their own, then the spares."""
+        return self.trainers if self.colocated else self.trainers + self.servers + self.spare_servers
 
     def server_rank(self, server: int) -> int:
         return server if self.colocated else self.trainers + server
@@ -93,7 +101,10 @@ class PSConfig:
         """Who rank ``rank`` is: 'trainer1', 'server0', 'trainer1+server1' (colocated)."""
         if self.colocated:
             return f"trainer{rank}+server{rank}"
-        return f"trainer{rank}" if rank < self.trainers else f"server{rank - self.trainers}"
+        if rank < self.trainers:
+            return f"trainer{rank}"
+        server = rank - self.trainers
+        return f"server{server}" if server < self.servers else f"spare{server - self.servers}"
 
     @property
     def caching(self) -> bool:
@@ -135,6 +146,14 @@ class PSConfig:
             f"ps.colocate on puts server i in trainer i's process: it needs as many servers as trainers, got "
             f"{self.servers} servers and {self.trainers} trainers",
         )
+        check(self.spare_servers >= 0, f"ps.spare_servers must be >= 0, got {self.spare_servers}")
+        if self.spare_servers:
+            check(
+                self.mode == "bsp" and self.dense_where == "trainers" and self.colocate != "on",
+                f"ps.spare_servers take a dead server's place by rolling every server and trainer back to the "
+                f"same checkpoint: it needs --ps.mode bsp (got {self.mode}), the dense part on the trainers "
+                f"(--ps.dense trainers or auto, got {self.dense}) and servers of their own (--ps.colocate off)",
+            )
         check(self.rpc_timeout_s > 0, f"ps.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
 
 
@@ -189,6 +208,11 @@ class PSJobConfig:
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
+        check(
+            self.ps.spare_servers == 0 or self.checkpoint.interval > 0,
+            f"ps.spare_servers ({self.ps.spare_servers}) load a dead server's rows from the newest checkpoint: "
+            f"give --checkpoint.interval N",
+        )
         check(
             self.checkpoint.interval == 0 or self.ps.mode == "bsp",
             f"server checkpoints (checkpoint.interval) need a consistent point between steps: --ps.mode bsp, "

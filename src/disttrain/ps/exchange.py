@@ -39,6 +39,8 @@ class StepMessage:
     trainers: int
     loss: float
     dense_grad: torch.Tensor | None = None
+    epoch: int = 0
+    """How many times the job rolled back (a spare took a dead server's place): older messages are refused."""
 
 
 @dataclass
@@ -52,6 +54,7 @@ class StepAnswer:
 
 _PENDING: dict[int, list[tuple[StepMessage, Future[StepAnswer]]]] = {}
 _LOCK = threading.Lock()
+_EPOCH = [0]
 
 
 @transport.async_execution
@@ -59,12 +62,31 @@ def exchange(msg: StepMessage) -> Future[StepAnswer]:
     """Answered when all ``msg.trainers`` messages of ``msg.clock`` have arrived and been applied."""
     fut: Future[StepAnswer] = Future()
     with _LOCK:
+        if msg.epoch != _EPOCH[0]:
+            fut.set_exception(RolledBack(f"step {msg.clock} of epoch {msg.epoch}; this server is at {_EPOCH[0]}"))  # type: ignore[arg-type]
+            return fut
         pending = _PENDING.setdefault(msg.clock, [])
         pending.append((msg, fut))
         ready = _PENDING.pop(msg.clock) if len(pending) == msg.trainers else None
     if ready is not None:
         _apply_step(sorted(ready, key=lambda p: p[0].trainer))
     return fut
+
+
+class RolledBack(RuntimeError):
+    """A step message from before a roll-back (or one the roll-back cut short)."""
+
+
+def roll_back(epoch: int) -> int:
+    """Enter ``epoch``: the steps waiting here are answered with :class:`RolledBack` (their trainers roll
+    back too) and messages of older epochs are refused; how many waited."""
+    with _LOCK:
+        _EPOCH[0] = epoch
+        waiting = [fut for entries in _PENDING.values() for _, fut in entries]
+        _PENDING.clear()
+    for fut in waiting:
+        fut.set_exception(RolledBack(f"the job rolled back (epoch {epoch})"))  # type: ignore[arg-type]
+    return len(waiting)
 
 
 def _apply_step(ready: list[tuple[StepMessage, Future[StepAnswer]]]) -> None:

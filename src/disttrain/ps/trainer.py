@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from disttrain.errors import RpcError
+from disttrain.health.events import log_event
 from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
-from disttrain.ps import server
+from disttrain.ps import server, takeover
 from disttrain.ps.bsp_step import BspRows, StepRows
 from disttrain.ps.cache import RowCache
 from disttrain.ps.clicks import Batch, ClickLog, CriteoFile, auc
@@ -84,13 +86,17 @@ class PSTrainer:
         self.bsp = BspRows(self.group_tables, caches, rank, ps.trainers) if ps.mode == "bsp" else None
         self.rows: StepRows | None = None  # bsp: the next step's rows, read in the last step's message
         self.counts_loaded = False
+        self.spares = [f"spare{i}" for i in range(ps.spare_servers)]
         self.ahead: dict[int, Batch] = {}  # bsp: the next step's samples, drawn when their rows were asked for
         self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr)
         self.eval_batch = self.log.held_out(train.eval_samples, train.seed)
 
+    def table_options(self) -> dict[str, Any]:
+        return {"optimizer": self.cfg.optimizer, "lr": self.cfg.lr, "seed": self.train.seed + 17}
+
     def create_tables(self) -> None:
         for t in self.tables:
-            t.create(optimizer=self.cfg.optimizer, lr=self.cfg.lr, seed=self.train.seed + 17)
+            t.create(**self.table_options())
         if self.dense_on_server:
             flat = parameters_to_vector(self.model.parameters()).detach()
             transport.call(self.servers[0], server.create_dense, flat, self.cfg.dense_lr)
@@ -257,26 +263,55 @@ class PSTrainer:
 
     def fit(self, on_step: Any = None) -> PSResult:
         train, res = self.train, PSResult(staleness=self.staleness)
-        t0 = time.perf_counter()
-        for step in range(self.start, train.steps):
-            t, moved = time.perf_counter(), self.group_tables.bytes_moved
-            res.losses.append(self.step(step))
-            res.step_s.append(time.perf_counter() - t)
-            res.step_bytes.append(self.group_tables.bytes_moved - moved)
-            if self.health is not None:
-                self.health.step_done(step + 1, res.step_s[-1])
-            every = self.checkpoint_interval
-            if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
-                self._phase("checkpoint")
-                ps_checkpoint.save(self.run_dir, step + 1, self.servers, self.state(step + 1))
-            last = step + 1 == train.steps
-            if self.rank == 0 and ((train.eval_interval and (step + 1) % train.eval_interval == 0) or last):
-                self._phase("eval")
-                res.evals.append({"step": step + 1, **self.evaluate()})
-            if on_step is not None:
-                on_step(step + 1, res)
+        t0, step = time.perf_counter(), self.start
+        while step < train.steps:
+            try:
+                self._fit_step(step, res, on_step)
+            except RpcError as e:
+                step = self.take_over(e)
+                continue
+            step += 1
         done = max(train.steps - self.start, 1)
         res.samples_per_s = done * train.batch * self.cfg.trainers / (time.perf_counter() - t0)
         res.bytes_per_step = self.group_tables.bytes_moved / done
         res.cache_hit_rate = self.bsp.hit_rate if self.bsp is not None else 0.0
         return res
+
+    def _fit_step(self, step: int, res: PSResult, on_step: Any) -> None:
+        train = self.train
+        t, moved = time.perf_counter(), self.group_tables.bytes_moved
+        res.losses.append(self.step(step))
+        res.step_s.append(time.perf_counter() - t)
+        res.step_bytes.append(self.group_tables.bytes_moved - moved)
+        if self.health is not None:
+            self.health.step_done(step + 1, res.step_s[-1])
+        every = self.checkpoint_interval
+        if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
+            self._phase("checkpoint")
+            ps_checkpoint.save(self.run_dir, step + 1, self.servers, self.state(step + 1))
+        last = step + 1 == train.steps
+        if self.rank == 0 and ((train.eval_interval and (step + 1) % train.eval_interval == 0) or last):
+            self._phase("eval")
+            res.evals.append({"step": step + 1, **self.evaluate()})
+        if on_step is not None:
+            on_step(step + 1, res)
+
+    def take_over(self, error: RpcError) -> int:
+        """A server died (``ps.spare_servers``): a spare holds its shard, everyone is back at the newest
+        checkpoint (:mod:`disttrain.ps.takeover`); the step to go on from. Without a spare: ``error``."""
+        if self.bsp is None or self.run_dir is None or not self.cfg.spare_servers:
+            raise error
+        epoch = self.bsp.epoch + 1
+        self._phase("takeover")
+        if self.rank == 0:
+            ckpt = takeover.hand_over(self.group_tables, self.spares, self.table_options(), self.run_dir, epoch)
+        else:
+            ckpt = takeover.wait_for_hand_over(self.group_tables, self.spares, epoch, self.cfg.rpc_timeout_s)
+        self.servers = self.group_tables.servers
+        self.bsp.roll_back(epoch)
+        self.rows, self.ahead = None, {}
+        self.load_state(ps_checkpoint.trainer_state(ckpt))
+        if self.rank == 0:
+            log_event(self.run_dir, "ps_server_replaced", servers=self.servers, step=self.start, cause=str(error)[:300])
+            print(f"disttrain ps: {error}; shards now on {', '.join(self.servers)}, back at step {self.start}")
+        return self.start

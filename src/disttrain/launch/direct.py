@@ -1,0 +1,59 @@
+"""Worker processes started and watched by the command itself, not by torchrun: for RPC jobs that must outlive
+one of their processes (an RL actor, a parameter server with a spare). torchrun's agent ends, or restarts, the
+whole group when any worker fails; these jobs replace the process's part instead.
+
+:func:`start` gives a worker torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT, GROUP_RANK for the
+launcher's frozen-rank watch); rank 0 prints to this console, every rank's output also goes to
+``<run>/logs/rank<r>.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+from disttrain.errors import ConfigError
+from disttrain.utils.host import free_port
+
+
+def start(
+    module: str, rank: int, world: int, host: str, port: int, run_dir: Path, node: int = 0
+) -> subprocess.Popen[bytes]:
+    """``python -m module RUN_DIR`` as rank ``rank`` of ``world``, rendezvous at ``host:port``."""
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        GROUP_RANK=str(node),  # whose launcher watches its heartbeat
+        WORLD_SIZE=str(world),
+        MASTER_ADDR=host,
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings when a peer dies
+    (run_dir / "logs").mkdir(exist_ok=True)
+    log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
+    out = None if rank == 0 else log
+    return subprocess.Popen(
+        [sys.executable, "-m", module, str(run_dir)], env=env, stdout=out, stderr=log if rank else None
+    )
+
+
+def node_ranks(world: int, nnodes: str, node_rank: int, rdzv_endpoint: str, what: str) -> tuple[range, str, int]:
+    """This node's ranks of ``world`` spread evenly over ``nnodes``, and the rendezvous host and port (rank 0
+    hosts the RPC store; one node: loopback and a free port). ``what``: the processes, for the error."""
+    nodes = int(nnodes.split(":")[-1])
+    if ":" in nnodes or world % nodes:
+        raise ConfigError(f"{what}, which launch.nnodes {nnodes!r} must divide evenly")
+    if nodes == 1:
+        return range(world), "127.0.0.1", free_port()
+    if not rdzv_endpoint or ":" not in rdzv_endpoint:
+        raise ConfigError(
+            "launch.nnodes > 1 needs --launch.rdzv-endpoint HOST:PORT (node 0's address, the same everywhere)"
+        )
+    host, port = rdzv_endpoint.rsplit(":", 1)
+    per = world // nodes
+    return range(node_rank * per, (node_rank + 1) * per), host, int(port)
