@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from disttrain.ps.cache import RowCache
-from disttrain.ps.client import TableGroup
+from disttrain.ps.client import Routes, TableGroup
 
 
 @dataclass
@@ -25,6 +25,8 @@ class StepRows:
     uniq: list[torch.Tensor]
     inverse: list[torch.Tensor]
     values: list[torch.Tensor]
+    routes: Routes | None = None
+    """Where ``uniq`` live (when all of them were pulled: no cache), for the push of their gradients."""
 
     def embeddings(self) -> torch.Tensor:
         """(batch, tables, dim) rows of the step's samples."""
@@ -76,7 +78,7 @@ class BspRows:
             gone_ids, gone_grads = cache.expire(step, flush=sync)
             push_ids.append(torch.cat([uniq[~held], gone_ids]))
             push_grads.append(torch.cat([summed[~held], gone_grads]))
-        return self._exchange(push_ids, push_grads, step, next_ids, loss, dense_grad)
+        return self._exchange(push_ids, push_grads, step, next_ids, loss, dense_grad, routes=rows.routes)
 
     def _exchange(
         self,
@@ -87,11 +89,12 @@ class BspRows:
         loss: float,
         dense_grad: torch.Tensor | None,
         count: bool = True,
+        routes: Routes | None = None,
     ) -> Any:
         if next_ids is None:
             pull = [torch.empty(0, dtype=torch.int64) for _ in self.group.tables]
             _, mean_loss, dense = self.group.exchange(
-                push_ids, push_grads, pull, (clock, self.rank, self.trainers, loss), dense_grad, self.epoch
+                push_ids, push_grads, pull, (clock, self.rank, self.trainers, loss), dense_grad, self.epoch, routes
             ).wait()
             return None, mean_loss, dense
         mine, every = next_ids
@@ -109,7 +112,7 @@ class BspRows:
             else:
                 pull.append(u)
         step = (clock, self.rank, self.trainers, loss)
-        pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch)
+        pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch, routes)
         got, mean_loss, dense = pending.wait()
         values = []
         for i, u in enumerate(uniq):
@@ -122,7 +125,7 @@ class BspRows:
             v[~held] = got[i]
             self.caches[i].admit(pull[i], got[i], clock + 1)
             values.append(v)
-        return StepRows(uniq, inverse, values), mean_loss, dense
+        return StepRows(uniq, inverse, values, None if self.caches else pending.routes), mean_loss, dense
 
     def roll_back(self, epoch: int) -> None:
         """Forget every cached row (the servers are back at a checkpoint, where the caches were empty)."""

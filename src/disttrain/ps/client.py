@@ -45,6 +45,8 @@ class TableClient:
 
 
 Split = tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]
+Routes = list[list[tuple[torch.Tensor, torch.Tensor]]]
+"""Per table, per server: (positions among the table's ids, the server's local rows) (:meth:`RowSharding.split`)."""
 """One table's part of a batch: distinct ids, each column id's index among them, per-server (positions, rows)."""
 
 
@@ -121,7 +123,7 @@ class TableGroup:
         for t in self.tables:
             t.servers = servers
 
-    def _route(self, ids: list[torch.Tensor]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    def route(self, ids: list[torch.Tensor]) -> Routes:
         """Per table, per server: (positions in the table's ``ids``, local rows) of distinct ids."""
         return [t.sharding.split(i) for t, i in zip(self.tables, ids, strict=True)]
 
@@ -133,12 +135,14 @@ class TableGroup:
         step: tuple[int, int, int, float],
         dense_grad: torch.Tensor | None = None,
         epoch: int = 0,
+        push_routes: Routes | None = None,
     ) -> PendingStep:
         """BSP's one message per server for a step (:mod:`disttrain.ps.exchange`): per table, the distinct
         ``push_ids`` with their summed gradients, and the distinct ``pull_ids`` to read once every trainer's
-        pushes are applied; ``step``: (clock, trainer, trainers, loss); ``dense_grad`` goes to server 0."""
+        pushes are applied; ``step``: (clock, trainer, trainers, loss); ``dense_grad`` goes to server 0;
+        ``push_routes``: :meth:`route` of ``push_ids`` when the caller has it (the pull that read them)."""
         clock, trainer, trainers, loss = step
-        push, pull = self._route(push_ids), self._route(pull_ids)
+        push, pull = push_routes or self.route(push_ids), self.route(pull_ids)
         futs = []
         for k, s in enumerate(self.servers):
             msg = step_exchange.StepMessage(
@@ -170,7 +174,7 @@ class PendingStep:
         servers: list[str],
         futs: list[Any],
         pull_ids: list[torch.Tensor],
-        routes: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        routes: Routes,
         dim: int,
     ) -> None:
         self.servers, self.futs, self.pull_ids, self.routes, self.dim = servers, futs, pull_ids, routes, dim

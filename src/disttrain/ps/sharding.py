@@ -54,7 +54,8 @@ class RowSharding:
 
     def split(self, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per server: (positions in ``ids``, local row indices) of the ids it owns."""
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.rows):
+        low, high = torch.aminmax(ids) if ids.numel() else (torch.tensor(0), torch.tensor(0))
+        if int(low) < 0 or int(high) >= self.rows:
             bad = ids[(ids < 0) | (ids >= self.rows)][0]
             raise ConfigError(f"id {int(bad)} is outside the table's {self.rows} rows (hash ids into range first)")
         owner, local = self.owner(ids), self.local(ids)

@@ -60,10 +60,11 @@ class ShardTable:
         uniq, inverse = torch.unique(rows, return_inverse=True)
         g = torch.zeros(len(uniq), self.weight.shape[1], dtype=self.weight.dtype).index_add_(0, inverse, grads)
         if self.sum_sq is not None:
-            self.sum_sq[uniq] += g * g
-            self.weight[uniq] -= self.lr * g / (self.sum_sq[uniq].sqrt() + self.eps)
+            sum_sq = self.sum_sq[uniq] + g * g  # gathered once (the same values as sum_sq[uniq] += g * g)
+            self.sum_sq[uniq] = sum_sq
+            self.weight.index_add_(0, uniq, -(self.lr * g / (sum_sq.sqrt() + self.eps)))
         else:
-            self.weight[uniq] -= self.lr * g
+            self.weight.index_add_(0, uniq, -(self.lr * g))
         self.updates += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:
