@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from disttrain.ps.cache import RowCache
-from disttrain.ps.client import Routes, TableGroup
+from disttrain.ps.client import PendingStep, Routes, TableGroup
 
 
 @dataclass
@@ -40,16 +40,19 @@ class BspRows:
         self.group, self.caches, self.rank, self.trainers = group, caches, rank, trainers
         self.dim = group.tables[0].dim
         self.epoch = 0  # roll-backs so far (a spare server took a dead one's place)
+        self.seq = 0  # messages sent in this epoch: each server takes a trainer's messages in this order
 
     def first(self, step: int, ids: torch.Tensor, every_ids: torch.Tensor, resumed: bool) -> StepRows:
-        """The rows ``ids`` of the run's first step ``step`` (an exchange that pushes nothing; ``every_ids``:
-        every trainer's); ``resumed``: the loaded counts hold this step's reads (counted before the checkpoint)."""
+        """The rows ``ids`` of step ``step`` read in a message that pushes nothing (the run's first step, or the
+        first after a sync point of an overlapped run); ``every_ids``: every trainer's; ``resumed``: the loaded
+        counts hold this step's reads (counted before the checkpoint)."""
         empty = [torch.empty(0, dtype=torch.int64) for _ in self.group.tables]
         grads = [torch.empty(0, self.dim) for _ in self.group.tables]
-        rows, _, _ = self._exchange(empty, grads, step - 1, (ids, every_ids), 0.0, None, count=not resumed)
+        rows, _, _ = self._send(empty, grads, step - 1, (ids, every_ids), 0.0, None, count=not resumed).wait()
+        assert rows is not None
         return rows
 
-    def step(
+    def send(
         self,
         step: int,
         rows: StepRows,
@@ -58,12 +61,12 @@ class BspRows:
         loss: float,
         dense_grad: torch.Tensor | None,
         sync: bool,
-    ) -> tuple[StepRows | None, float, torch.Tensor | None]:
+    ) -> InFlight:
         """Push step ``step``'s ``grads`` ((batch, tables, dim), already divided by the trainers) of ``rows``,
-        read the rows of ``next_ids`` (this trainer's ids of the next step, and every trainer's: all trainers
-        count the same reads, so they keep the same hot rows; None: the last step). ``sync``: every cached
-        row is pushed and dropped (a checkpoint, an evaluation or the end follows). The next step's rows, the
-        mean loss and dense gradient."""
+        and ask for the rows of ``next_ids`` (this trainer's ids of a later step, and every trainer's: all
+        trainers count the same reads, so they keep the same hot rows; None: none). ``sync``: every cached
+        row is pushed and dropped (a checkpoint, an evaluation or the end follows). :meth:`InFlight.wait`
+        gives the rows, the step's mean loss and mean dense gradient."""
         push_ids, push_grads = [], []
         for i, (uniq, inv) in enumerate(zip(rows.uniq, rows.inverse, strict=True)):
             summed = torch.zeros(len(uniq), self.dim).index_add_(0, inv, grads[:, i])
@@ -78,9 +81,9 @@ class BspRows:
             gone_ids, gone_grads = cache.expire(step, flush=sync)
             push_ids.append(torch.cat([uniq[~held], gone_ids]))
             push_grads.append(torch.cat([summed[~held], gone_grads]))
-        return self._exchange(push_ids, push_grads, step, next_ids, loss, dense_grad, routes=rows.routes)
+        return self._send(push_ids, push_grads, step, next_ids, loss, dense_grad, routes=rows.routes)
 
-    def _exchange(
+    def _send(
         self,
         push_ids: list[torch.Tensor],
         push_grads: list[torch.Tensor],
@@ -90,13 +93,13 @@ class BspRows:
         dense_grad: torch.Tensor | None,
         count: bool = True,
         routes: Routes | None = None,
-    ) -> Any:
+    ) -> InFlight:
+        step = (clock, self.rank, self.trainers, loss)
+        self.seq += 1
         if next_ids is None:
             pull = [torch.empty(0, dtype=torch.int64) for _ in self.group.tables]
-            _, mean_loss, dense = self.group.exchange(
-                push_ids, push_grads, pull, (clock, self.rank, self.trainers, loss), dense_grad, self.epoch, routes
-            ).wait()
-            return None, mean_loss, dense
+            pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch, routes, self.seq)
+            return InFlight(self, pending, clock, None)
         mine, every = next_ids
         uniq, inverse, pull, held_at = [], [], [], []
         for i in range(mine.shape[1]):
@@ -111,25 +114,12 @@ class BspRows:
                 pull.append(u[~held])
             else:
                 pull.append(u)
-        step = (clock, self.rank, self.trainers, loss)
-        pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch, routes)
-        got, mean_loss, dense = pending.wait()
-        values = []
-        for i, u in enumerate(uniq):
-            if not self.caches:
-                values.append(got[i])
-                continue
-            held, slots = held_at[i]
-            v = torch.empty(len(u), self.dim)
-            v[held] = self.caches[i].values[slots]
-            v[~held] = got[i]
-            self.caches[i].admit(pull[i], got[i], clock + 1)
-            values.append(v)
-        return StepRows(uniq, inverse, values, None if self.caches else pending.routes), mean_loss, dense
+        pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch, routes, self.seq)
+        return InFlight(self, pending, clock, (uniq, inverse, pull, held_at))
 
     def roll_back(self, epoch: int) -> None:
         """Forget every cached row (the servers are back at a checkpoint, where the caches were empty)."""
-        self.epoch = epoch
+        self.epoch, self.seq = epoch, 0
         for c in self.caches:
             c.clear()
 
@@ -146,3 +136,29 @@ class BspRows:
     def hit_rate(self) -> float:
         reads = sum(c.reads for c in self.caches)
         return sum(c.hits for c in self.caches) / max(reads, 1)
+
+
+class InFlight:
+    """A step's messages on their way (:meth:`BspRows.send`): :meth:`wait` for the rows they read, the step's
+    mean loss and its mean dense gradient."""
+
+    def __init__(self, bsp: BspRows, pending: PendingStep, clock: int, reads: Any) -> None:
+        self.bsp, self.pending, self.clock, self.reads = bsp, pending, clock, reads
+
+    def wait(self) -> tuple[StepRows | None, float, torch.Tensor | None]:
+        got, mean_loss, dense = self.pending.wait()
+        if self.reads is None:
+            return None, mean_loss, dense
+        uniq, inverse, pull, held_at = self.reads
+        caches, values = self.bsp.caches, []
+        for i, u in enumerate(uniq):
+            if not caches:
+                values.append(got[i])
+                continue
+            held, slots = held_at[i]
+            v = torch.empty(len(u), self.bsp.dim)
+            v[held] = caches[i].values[slots]
+            v[~held] = got[i]
+            caches[i].admit(pull[i], got[i], self.clock + 1)
+            values.append(v)
+        return StepRows(uniq, inverse, values, None if caches else self.pending.routes), mean_loss, dense

@@ -136,6 +136,7 @@ class TableGroup:
         dense_grad: torch.Tensor | None = None,
         epoch: int = 0,
         push_routes: Routes | None = None,
+        seq: int = 0,
     ) -> PendingStep:
         """BSP's one message per server for a step (:mod:`disttrain.ps.exchange`): per table, the distinct
         ``push_ids`` with their summed gradients, and the distinct ``pull_ids`` to read once every trainer's
@@ -158,6 +159,7 @@ class TableGroup:
                 loss=loss,
                 dense_grad=dense_grad if k == 0 else None,
                 epoch=epoch,
+                seq=seq,
             )
             futs.append(transport.call_async(s, step_exchange.exchange, msg))
         self.bytes_moved += sum(i.numel() * 8 + g.numel() * 4 for i, g in zip(push_ids, push_grads, strict=True))

@@ -31,6 +31,11 @@ class PSConfig:
     own); ddp (replicated, gradients all-reduced over the trainers' own process group; bsp only); server (held
     by server 0 with its Adam state; under bsp a step's gradients are averaged into one update); auto:
     trainers under bsp, server otherwise."""
+    overlap: bool = False
+    """bsp: the message of step t (its pushes, the rows of step t+2) is on its way while step t+1 computes, so
+    each step reads rows and trains dense weights that miss the previous step's update (a staleness bound of 1,
+    the same on every trainer); checkpoints, evaluations and the end wait for it (resume stays exact). Off:
+    every read sees every update before it (one process on the combined batch, exactly)."""
     cache_rows: int = 0
     """bsp: each trainer keeps up to this many of each table's most read rows after pulling them, and reads
     them from its cache for cache_staleness more steps (0: no cache). It cuts the bytes per step (the default
@@ -145,6 +150,12 @@ class PSConfig:
             self.colocate != "on" or self.servers == self.trainers,
             f"ps.colocate on puts server i in trainer i's process: it needs as many servers as trainers, got "
             f"{self.servers} servers and {self.trainers} trainers",
+        )
+        check(
+            not self.overlap or (self.mode == "bsp" and self.dense_where == "trainers" and not self.cache_rows),
+            f"ps.overlap keeps a step's message on its way while the next step computes: it needs --ps.mode bsp "
+            f"(got {self.mode}), the dense part averaged in the message (--ps.dense trainers or auto, got "
+            f"{self.dense}) and no cache (--ps.cache-rows 0, got {self.cache_rows})",
         )
         check(self.spare_servers >= 0, f"ps.spare_servers must be >= 0, got {self.spare_servers}")
         if self.spare_servers:

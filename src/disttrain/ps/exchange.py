@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.futures import Future
 
-from disttrain.ps.server import get_table, pull_many
+from disttrain.ps.server import arena, get_table, pull_many
 from disttrain.rpc import transport
 from disttrain.utils import hooks
 
@@ -41,6 +41,8 @@ class StepMessage:
     dense_grad: torch.Tensor | None = None
     epoch: int = 0
     """How many times the job rolled back (a spare took a dead server's place): older messages are refused."""
+    seq: int = 1
+    """This trainer's messages to this server in this epoch, counted from 1."""
 
 
 @dataclass
@@ -53,23 +55,34 @@ class StepAnswer:
 
 
 _PENDING: dict[int, list[tuple[StepMessage, Future[StepAnswer]]]] = {}
+_EARLY: dict[tuple[int, int], tuple[StepMessage, Future[StepAnswer]]] = {}
+"""(trainer, seq) of messages that arrived before an earlier one of the same trainer (RPC's thread pool may
+run two messages of one sender in either order; an overlapped trainer has two on the way)."""
+_EXPECTED: dict[int, int] = {}
 _LOCK = threading.Lock()
 _EPOCH = [0]
 
 
 @transport.async_execution
 def exchange(msg: StepMessage) -> Future[StepAnswer]:
-    """Answered when all ``msg.trainers`` messages of ``msg.clock`` have arrived and been applied."""
+    """Answered when all ``msg.trainers`` messages of ``msg.clock`` have arrived and been applied. Each
+    trainer's messages are taken in the order it sent them (``msg.seq``), so steps are applied in order."""
     fut: Future[StepAnswer] = Future()
+    answers: list[tuple[Future[StepAnswer], StepAnswer]] = []
     with _LOCK:
         if msg.epoch != _EPOCH[0]:
             fut.set_exception(RolledBack(f"step {msg.clock} of epoch {msg.epoch}; this server is at {_EPOCH[0]}"))  # type: ignore[arg-type]
             return fut
-        pending = _PENDING.setdefault(msg.clock, [])
-        pending.append((msg, fut))
-        ready = _PENDING.pop(msg.clock) if len(pending) == msg.trainers else None
-    if ready is not None:
-        _apply_step(sorted(ready, key=lambda p: p[0].trainer))
+        _EARLY[(msg.trainer, msg.seq)] = (msg, fut)
+        while (msg.trainer, _EXPECTED.get(msg.trainer, 1)) in _EARLY:
+            first, first_fut = _EARLY.pop((msg.trainer, _EXPECTED.get(msg.trainer, 1)))
+            _EXPECTED[msg.trainer] = first.seq + 1
+            pending = _PENDING.setdefault(first.clock, [])
+            pending.append((first, first_fut))
+            if len(pending) == first.trainers:  # applied under the lock: steps in order, one at a time
+                answers += _apply_step(sorted(_PENDING.pop(first.clock), key=lambda p: p[0].trainer))
+    for f, answer in answers:
+        f.set_result(answer)
     return fut
 
 
@@ -82,26 +95,37 @@ def roll_back(epoch: int) -> int:
     back too) and messages of older epochs are refused; how many waited."""
     with _LOCK:
         _EPOCH[0] = epoch
-        waiting = [fut for entries in _PENDING.values() for _, fut in entries]
+        waiting = [fut for entries in _PENDING.values() for _, fut in entries] + [f for _, f in _EARLY.values()]
         _PENDING.clear()
+        _EARLY.clear()
+        _EXPECTED.clear()
     for fut in waiting:
         fut.set_exception(RolledBack(f"the job rolled back (epoch {epoch})"))  # type: ignore[arg-type]
     return len(waiting)
 
 
-def _apply_step(ready: list[tuple[StepMessage, Future[StepAnswer]]]) -> None:
+def _apply_step(ready: list[tuple[StepMessage, Future[StepAnswer]]]) -> list[tuple[Future[StepAnswer], StepAnswer]]:
     msgs = [m for m, _ in ready]
     rows = [m.push_rows.split(m.push_counts) for m in msgs]
     grads = [m.push_grads.split(m.push_counts) for m in msgs]
-    rank = int(os.environ.get("RANK", -1))
-    for i, name in enumerate(msgs[0].names):
-        t, table_rows = get_table(name), torch.cat([r[i] for r in rows])
-        if len(table_rows):  # a run's first exchange only reads
-            t.push(table_rows, torch.cat([g[i] for g in grads]))
-            hooks.fire("ps_update", t.updates, rank)
+    rank, names = int(os.environ.get("RANK", -1)), msgs[0].names
+    per_table = [torch.cat([r[i] for r in rows]) for i in range(len(names))]  # in trainer order
+    fused = arena(names)
+    if fused is not None:  # every table in one update
+        fused.push(fused.rows(per_table), torch.cat([torch.cat([g[i] for g in grads]) for i in range(len(names))]))
+    for i, name in enumerate(names):
+        t = get_table(name)
+        if not len(per_table[i]):  # a run's first exchange only reads
+            continue
+        if fused is None:
+            t.push(per_table[i], torch.cat([g[i] for g in grads]))
+        else:
+            t.updates += 1
+        hooks.fire("ps_update", t.updates, rank)
     n = len(msgs)
     mean_loss = sum(m.loss for m in msgs) / n
     dense = [m.dense_grad for m in msgs if m.dense_grad is not None]
     mean_dense = torch.stack(dense).sum(0) / n if len(dense) == n else None
-    for m, fut in ready:
-        fut.set_result(StepAnswer(pull_many(m.names, m.pull_rows, m.pull_counts), mean_loss, mean_dense))
+    return [
+        (fut, StepAnswer(pull_many(m.names, m.pull_rows, m.pull_counts), mean_loss, mean_dense)) for m, fut in ready
+    ]

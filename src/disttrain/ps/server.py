@@ -14,7 +14,7 @@ import torch
 from torch.futures import Future
 
 from disttrain.errors import ConfigError
-from disttrain.ps.table import ShardTable
+from disttrain.ps.table import Arena, ShardTable
 from disttrain.rpc import transport
 from disttrain.utils import hooks
 
@@ -24,7 +24,20 @@ _TABLES: dict[str, ShardTable] = {}
 def create(name: str, global_ids: torch.Tensor, dim: int, options: dict[str, Any]) -> int:
     """Create (or replace) this server's shard of table ``name``; the number of rows it holds."""
     _TABLES[name] = ShardTable(global_ids, dim, **options)
+    _ARENAS.clear()
     return len(global_ids)
+
+
+_ARENAS: dict[tuple[str, ...], Arena | None] = {}
+
+
+def arena(names: list[str]) -> Arena | None:
+    """Tables ``names`` as one :class:`Arena` (made at the first call), or None if they cannot be one."""
+    key = tuple(names)
+    if key not in _ARENAS:
+        tables = [get_table(n) for n in names]
+        _ARENAS[key] = Arena(tables) if len(set(names)) == len(names) and Arena.fits(tables) else None
+    return _ARENAS[key]
 
 
 def get_table(name: str) -> ShardTable:
@@ -176,6 +189,9 @@ def load_shards(path: str) -> int:
 def pull_many(names: list[str], rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """The rows of every table at once: ``rows`` holds ``counts[i]`` local rows of table ``names[i]`` after
     each other (one tensor each way: a message's cost grows with its number of tensors)."""
+    fused = arena(names)
+    if fused is not None:
+        return fused.weight[fused.rows(list(rows.split(counts)))]
     return torch.cat([get_table(n).pull(r) for n, r in zip(names, rows.split(counts), strict=True)])
 
 

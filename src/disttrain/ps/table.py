@@ -27,6 +27,21 @@ def init_rows(global_ids: torch.Tensor, dim: int, std: float, seed: int) -> torc
     return out
 
 
+@torch.no_grad()
+def sparse_step(
+    weight: torch.Tensor, sum_sq: torch.Tensor | None, rows: torch.Tensor, grads: torch.Tensor, lr: float, eps: float
+) -> None:
+    """One row-sparse step of Adagrad (``sum_sq`` given) or SGD on ``weight``'s ``rows`` (duplicates summed)."""
+    uniq, inverse = torch.unique(rows, return_inverse=True)
+    g = torch.zeros(len(uniq), weight.shape[1], dtype=weight.dtype).index_add_(0, inverse, grads)
+    if sum_sq is not None:
+        summed = sum_sq[uniq] + g * g  # gathered once (the same values as sum_sq[uniq] += g * g)
+        sum_sq[uniq] = summed
+        weight.index_add_(0, uniq, -(lr * g / (summed.sqrt() + eps)))
+    else:
+        weight.index_add_(0, uniq, -(lr * g))
+
+
 class ShardTable:
     """Rows ``global_ids`` of a ``dim``-wide table; :meth:`pull` reads rows, :meth:`push` applies gradients."""
 
@@ -52,20 +67,17 @@ class ShardTable:
     def pull(self, rows: torch.Tensor) -> torch.Tensor:
         return self.weight[rows]
 
-    @torch.no_grad()
     def push(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
         """Apply one step for the gradient rows ``grads`` of local rows ``rows`` (duplicates summed)."""
         if grads.shape != (len(rows), self.weight.shape[1]):
             raise ConfigError(f"push: {len(rows)} rows but gradients of shape {tuple(grads.shape)}")
-        uniq, inverse = torch.unique(rows, return_inverse=True)
-        g = torch.zeros(len(uniq), self.weight.shape[1], dtype=self.weight.dtype).index_add_(0, inverse, grads)
-        if self.sum_sq is not None:
-            sum_sq = self.sum_sq[uniq] + g * g  # gathered once (the same values as sum_sq[uniq] += g * g)
-            self.sum_sq[uniq] = sum_sq
-            self.weight.index_add_(0, uniq, -(self.lr * g / (sum_sq.sqrt() + self.eps)))
-        else:
-            self.weight.index_add_(0, uniq, -(self.lr * g))
+        sparse_step(self.weight, self.sum_sq, rows, grads, self.lr, self.eps)
         self.updates += 1
+
+    @property
+    def options(self) -> tuple[str, float, float, int]:
+        """What must be the same for two tables to be updated as one (:class:`Arena`)."""
+        return (self.optimizer, self.lr, self.eps, self.weight.shape[1])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {"global_ids": self.global_ids, "weight": self.weight}
@@ -79,3 +91,33 @@ class ShardTable:
         self.weight.copy_(state["weight"])
         if self.sum_sq is not None:
             self.sum_sq.copy_(state["sum_sq"])
+
+
+class Arena:
+    """Several tables of one server updated as one: their rows live in one tensor (each table's ``weight`` and
+    ``sum_sq`` become views of it), so a step's pushes of every table are one :func:`sparse_step` and its
+    reads one gather, not one per table. The tables must share optimizer, rate and width."""
+
+    def __init__(self, tables: list[ShardTable]) -> None:
+        self.tables = tables
+        first = tables[0]
+        self.lr, self.eps = first.lr, first.eps
+        sizes = [len(t.weight) for t in tables]
+        self.offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0)
+        self.weight = torch.cat([t.weight for t in tables])
+        self.sum_sq = torch.cat([t.sum_sq for t in tables]) if first.sum_sq is not None else None  # type: ignore[misc]
+        for t, start, n in zip(tables, self.offsets.tolist(), sizes, strict=True):
+            t.weight = self.weight[start : start + n]
+            if self.sum_sq is not None:
+                t.sum_sq = self.sum_sq[start : start + n]
+
+    @staticmethod
+    def fits(tables: list[ShardTable]) -> bool:
+        return len({t.options for t in tables}) == 1
+
+    def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """Each table's local rows (``parts[i]`` of table i) as rows of the arena."""
+        return torch.cat([p + off for p, off in zip(parts, self.offsets.tolist(), strict=True)])
+
+    def push(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        sparse_step(self.weight, self.sum_sq, rows, grads, self.lr, self.eps)

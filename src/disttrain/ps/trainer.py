@@ -23,6 +23,7 @@ from disttrain.health.events import log_event
 from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server, takeover
+from disttrain.ps.bsp_loop import BspLoop
 from disttrain.ps.bsp_step import BspRows, StepRows
 from disttrain.ps.cache import RowCache
 from disttrain.ps.clicks import Batch, ClickLog, CriteoFile, auc
@@ -84,10 +85,9 @@ class PSTrainer:
         self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
         caches = [RowCache(rows, ps.dim, ps.cache_rows, ps.cache_staleness) for rows in sizes] if ps.caching else []
         self.bsp = BspRows(self.group_tables, caches, rank, ps.trainers) if ps.mode == "bsp" else None
-        self.rows: StepRows | None = None  # bsp: the next step's rows, read in the last step's message
+        self.loop = BspLoop(self, self.bsp, ps.overlap) if self.bsp is not None else None
         self.counts_loaded = False
         self.spares = [f"spare{i}" for i in range(ps.spare_servers)]
-        self.ahead: dict[int, Batch] = {}  # bsp: the next step's samples, drawn when their rows were asked for
         self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr)
         self.eval_batch = self.log.held_out(train.eval_samples, train.seed)
 
@@ -127,28 +127,30 @@ class PSTrainer:
             slowest = transport.call(self.servers[0], server.tick, self.rank, step, cfg.trainers)
         return step - slowest
 
-    def _phase(self, name: str) -> None:
+    def phase(self, name: str) -> None:
         if self.health is not None:
             self.health.phase(name)
 
-    def step(self, step: int) -> float:
-        if self.bsp is not None:
-            return self._bsp_step(step, self.bsp)
+    def step(self, step: int) -> list[tuple[int, float]]:
+        """Step ``step``; the (step, loss) of the steps it completed (an overlapped BSP step completes the one
+        before it)."""
+        if self.loop is not None:
+            return self.loop.step(step)
         cfg = self.cfg
-        self._phase("data")
+        self.phase("data")
         self.staleness.append(self.wait_turn(step))
         hooks.fire("ps_step", step, self.rank)
         b = self.my_batch(step)
-        self._phase("forward")  # pulls included
+        self.phase("forward")  # pulls included
         if self.dense_on_server:
             vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
         embs = self.lookup(b.ids).requires_grad_()
         loss = F.binary_cross_entropy_with_logits(self.model(b.dense, embs), b.label)
-        self._phase("backward")
+        self.phase("backward")
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         assert embs.grad is not None
-        self._phase("optimizer")  # pushes included
+        self.phase("optimizer")  # pushes included
         own = float(loss.detach())
         together = (step, self.rank, cfg.trainers, own) if cfg.mode == "bsp" else None
         mean_loss = self.group_tables.push(b.ids, embs.grad / cfg.trainers, together, cfg.combine_pushes)
@@ -158,50 +160,34 @@ class PSTrainer:
             self.opt.step()
         if cfg.mode != "bsp" and cfg.trainers > 1:
             transport.call(self.servers[0], server.tick, self.rank, step + 1, cfg.trainers)
-        return float(mean_loss) if cfg.mode == "bsp" else own
+        return [(step, float(mean_loss) if cfg.mode == "bsp" else own)]
 
-    def _bsp_step(self, step: int, bsp: BspRows) -> float:
-        """One BSP step: train on the rows the last step's message read, then one message per server pushes
-        this step's gradients (and the dense one) and reads the next step's rows."""
-        self._phase("data")
-        self.staleness.append(0)
-        hooks.fire("ps_step", step, self.rank)
-        whole = self.ahead.pop(step, None) or self.global_batch(step)
-        b = self.my_part(whole)
-        self._phase("forward")  # the first step's read included
-        if self.rows is None:
-            self.rows = bsp.first(step, b.ids, whole.ids, resumed=self.counts_loaded)
+    def forward_backward(self, b: Batch, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward and backward of batch ``b`` on ``rows``: the rows (their ``.grad`` filled) and the loss."""
         if self.dense_on_server:
             vector_to_parameters(transport.call(self.servers[0], server.pull_dense), self.model.parameters())
-        embs = self.rows.embeddings().requires_grad_()
+        embs = rows.embeddings().requires_grad_()
         loss = F.binary_cross_entropy_with_logits(self.model(b.dense, embs), b.label)
-        self._phase("backward")
+        self.phase("backward")
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        assert embs.grad is not None
-        self._phase("optimizer")  # the step's message included
-        nxt = self.global_batch(step + 1) if step + 1 < self.train.steps else None
-        if nxt is not None:
-            self.ahead[step + 1] = nxt
-        dense = self._flat_grad() if self.dense_where == "trainers" and self.cfg.trainers > 1 else None
-        self.rows, mean_loss, mean_dense = bsp.step(
-            step,
-            self.rows,
-            embs.grad / self.cfg.trainers,
-            None if nxt is None else (self.my_part(nxt).ids, nxt.ids),
-            float(loss.detach()),
-            dense,
-            self._syncs_after(step + 1),
-        )
-        if mean_dense is not None:
-            self._set_grad(mean_dense)
+        return embs, loss
+
+    def dense_grad(self) -> torch.Tensor | None:
+        """The dense gradient a BSP step's message carries (``ps.dense trainers``)."""
+        return self._flat_grad() if self.dense_where == "trainers" else None
+
+    def apply_dense(self, step: int, mean: torch.Tensor | None) -> None:
+        """The dense part's step ``step``: Adam on the trainers' mean gradient (``mean``, from the step's
+        message), on DDP's, or pushed to server 0."""
+        if mean is not None:
+            self._set_grad(mean)
         if self.dense_on_server:
             self._push_dense(step)
         else:
             self.opt.step()
-        return mean_loss
 
-    def _syncs_after(self, done: int) -> bool:
+    def syncs_after(self, done: int) -> bool:
         """Every cached row reaches the servers after step ``done``: a checkpoint, an evaluation or the end."""
         every, evals = self.checkpoint_interval, self.train.eval_interval
         return done == self.train.steps or bool(every and done % every == 0) or bool(evals and done % evals == 0)
@@ -278,23 +264,27 @@ class PSTrainer:
         return res
 
     def _fit_step(self, step: int, res: PSResult, on_step: Any) -> None:
-        train = self.train
         t, moved = time.perf_counter(), self.group_tables.bytes_moved
-        res.losses.append(self.step(step))
+        done = self.step(step)
         res.step_s.append(time.perf_counter() - t)
         res.step_bytes.append(self.group_tables.bytes_moved - moved)
         if self.health is not None:
             self.health.step_done(step + 1, res.step_s[-1])
-        every = self.checkpoint_interval
-        if self.rank == 0 and self.run_dir is not None and every and (step + 1) % every == 0:
-            self._phase("checkpoint")
-            ps_checkpoint.save(self.run_dir, step + 1, self.servers, self.state(step + 1))
-        last = step + 1 == train.steps
-        if self.rank == 0 and ((train.eval_interval and (step + 1) % train.eval_interval == 0) or last):
-            self._phase("eval")
-            res.evals.append({"step": step + 1, **self.evaluate()})
+        for finished, loss in done:
+            res.losses.append(loss)
+            self._after(finished + 1, res, on_step)
+
+    def _after(self, done: int, res: PSResult, on_step: Any) -> None:
+        """Once ``done`` steps are complete: the checkpoint, evaluation and progress due then."""
+        train, every = self.train, self.checkpoint_interval
+        if self.rank == 0 and self.run_dir is not None and every and done % every == 0:
+            self.phase("checkpoint")
+            ps_checkpoint.save(self.run_dir, done, self.servers, self.state(done))
+        if self.rank == 0 and ((train.eval_interval and done % train.eval_interval == 0) or done == train.steps):
+            self.phase("eval")
+            res.evals.append({"step": done, **self.evaluate()})
         if on_step is not None:
-            on_step(step + 1, res)
+            on_step(done, res)
 
     def take_over(self, error: RpcError) -> int:
         """A server died (``ps.spare_servers``): a spare holds its shard, everyone is back at the newest
@@ -302,14 +292,15 @@ class PSTrainer:
         if self.bsp is None or self.run_dir is None or not self.cfg.spare_servers:
             raise error
         epoch = self.bsp.epoch + 1
-        self._phase("takeover")
+        self.phase("takeover")
         if self.rank == 0:
             ckpt = takeover.hand_over(self.group_tables, self.spares, self.table_options(), self.run_dir, epoch)
         else:
             ckpt = takeover.wait_for_hand_over(self.group_tables, self.spares, epoch, self.cfg.rpc_timeout_s)
         self.servers = self.group_tables.servers
         self.bsp.roll_back(epoch)
-        self.rows, self.ahead = None, {}
+        assert self.loop is not None
+        self.loop.reset()
         self.load_state(ps_checkpoint.trainer_state(ckpt))
         if self.rank == 0:
             log_event(self.run_dir, "ps_server_replaced", servers=self.servers, step=self.start, cause=str(error)[:300])
