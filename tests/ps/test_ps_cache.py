@@ -87,31 +87,40 @@ def ps_run(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) 
 @pytest.mark.timeout(400)
 def test_bound_0_is_bsp_bit_for_bit_and_the_default_bound_keeps_the_auc(tmp_path: Path) -> None:
     steps = ["--train.steps", "150", "--train.eval-interval", "0"]
-    (plain, ref), (bound0, _), (bound2, cached) = together(
+    (plain, ref), (bound0, _), (bound2, cached), (overlap, lapped) = together(
         lambda: ps_run(tmp_path, "plain", *steps, "--ps.cache-rows", "0"),
         lambda: ps_run(tmp_path, "bound0", *steps, "--ps.cache-staleness", "0"),
         lambda: ps_run(tmp_path, "bound2", *steps, "--ps.cache-staleness", "2"),
+        lambda: ps_run(tmp_path, "overlap", *steps, "--ps.cache-rows", "0", "--ps.overlap"),
     )
     assert bound0 == plain  # every logged loss, bit for bit
     assert bound2 != plain  # the cache did serve rows
     assert cached["cache_hit_rate"] > 0.3, cached["cache_hit_rate"]
     assert cached["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=0.002)
     assert cached["bytes_per_step"] < ref["bytes_per_step"]
+    assert overlap != plain and [s for s, _ in overlap] == list(range(1, 151))  # every step logged once, in order
+    assert lapped["max_staleness"] == 1
+    # 150 short steps feel one step of staleness most; the default job's gap is in bench_ps_baseline (<= 0.003)
+    assert lapped["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=0.005)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_killed_run_with_a_cache_resumes_to_the_same_losses(tmp_path: Path) -> None:
-    """Process 1 (trainer 1 and server 1) is killed as it applies the 5th update of a table (tables are pushed
-    to less often than every step: cached rows wait); the job restarts from the checkpoint of step 4, where
-    every cached gradient had reached the servers, with the same hot rows as before."""
+def test_a_killed_run_with_a_cache_or_overlapped_resumes_to_the_same_losses(tmp_path: Path) -> None:
+    """Process 1 (trainer 1 and server 1) is killed as it applies the 5th (cache: tables are pushed to less
+    often than every step, cached rows wait) or 6th (overlapped) update of a table; the job restarts from the
+    checkpoint of step 4, where every cached gradient had reached the servers (with the same hot rows as
+    before), or where the overlapped steps had caught up."""
     job = ["--train.steps", "12", "--train.eval-interval", "0", "--checkpoint.interval", "4"]
-    (clean, _), (killed, _) = together(
+    lap = ["--ps.cache-rows", "0", "--ps.overlap"]
+    restart = ["--launch.max-restarts", "1"]
+    (clean, _), (killed, _), (lap_clean, _), (lap_killed, _) = together(
         lambda: ps_run(tmp_path, "clean", *job),
-        lambda: ps_run(
-            tmp_path, "killed", *job, "--launch.max-restarts", "1", env={"DISTTRAIN_FAULT": "ps_server_kill:5:1"}
-        ),
+        lambda: ps_run(tmp_path, "killed", *job, *restart, env={"DISTTRAIN_FAULT": "ps_server_kill:5:1"}),
+        lambda: ps_run(tmp_path, "lap-clean", *job, *lap),
+        lambda: ps_run(tmp_path, "lap-killed", *job, *lap, *restart, env={"DISTTRAIN_FAULT": "ps_server_kill:6:1"}),
     )
-    steps = [s for s, _ in killed]
-    assert steps[-8:] == list(range(5, 13)) and len(steps) > 12, steps  # resumed after step 4
-    assert killed[-8:] == clean[4:]  # bit for bit
+    for run, ref in ((killed, clean), (lap_killed, lap_clean)):
+        steps = [s for s, _ in run]
+        assert steps[-8:] == list(range(5, 13)) and len(steps) > 12, steps  # resumed after step 4
+        assert run[-8:] == ref[4:]  # bit for bit
