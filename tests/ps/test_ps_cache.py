@@ -88,10 +88,10 @@ def ps_run(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) 
 def test_bound_0_is_bsp_bit_for_bit_and_the_default_bound_keeps_the_auc(tmp_path: Path) -> None:
     steps = ["--train.steps", "150", "--train.eval-interval", "0"]
     (plain, ref), (bound0, _), (bound2, cached), (overlap, lapped) = together(
-        lambda: ps_run(tmp_path, "plain", *steps, "--ps.cache-rows", "0"),
+        lambda: ps_run(tmp_path, "plain", *steps, "--ps.cache-rows", "0", "--ps.overlap", "off"),
         lambda: ps_run(tmp_path, "bound0", *steps, "--ps.cache-staleness", "0"),
         lambda: ps_run(tmp_path, "bound2", *steps, "--ps.cache-staleness", "2"),
-        lambda: ps_run(tmp_path, "overlap", *steps, "--ps.cache-rows", "0", "--ps.overlap"),
+        lambda: ps_run(tmp_path, "overlap", *steps, "--ps.cache-rows", "0", "--ps.overlap", "on"),
     )
     assert bound0 == plain  # every logged loss, bit for bit
     assert bound2 != plain  # the cache did serve rows
@@ -112,7 +112,7 @@ def test_a_killed_run_with_a_cache_or_overlapped_resumes_to_the_same_losses(tmp_
     checkpoint of step 4, where every cached gradient had reached the servers (with the same hot rows as
     before), or where the overlapped steps had caught up."""
     job = ["--train.steps", "12", "--train.eval-interval", "0", "--checkpoint.interval", "4"]
-    lap = ["--ps.cache-rows", "0", "--ps.overlap"]
+    lap = ["--ps.cache-rows", "0", "--ps.overlap", "on"]
     restart = ["--launch.max-restarts", "1"]
     (clean, _), (killed, _), (lap_clean, _), (lap_killed, _) = together(
         lambda: ps_run(tmp_path, "clean", *job),

@@ -39,6 +39,8 @@ SMALL = [
     "0.01",
     "--ps.cache-staleness",
     "0",  # the cache at bound 0: exactly BSP (tests/ps/test_ps_cache.py tries other bounds)
+    "--ps.overlap",
+    "off",  # every read after every update: exactly one process (test_ps_cache.py overlaps)
 ]
 TWO = ["--ps.trainers", "2", "--ps.servers", "2", "--train.batch", "64"]
 """Two trainers against two servers, 64 samples each per step."""

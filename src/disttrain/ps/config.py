@@ -31,11 +31,12 @@ class PSConfig:
     own); ddp (replicated, gradients all-reduced over the trainers' own process group; bsp only); server (held
     by server 0 with its Adam state; under bsp a step's gradients are averaged into one update); auto:
     trainers under bsp, server otherwise."""
-    overlap: bool = False
+    overlap: Literal["auto", "on", "off"] = "auto"
     """bsp: the message of step t (its pushes, the rows of step t+2) is on its way while step t+1 computes, so
     each step reads rows and trains dense weights that miss the previous step's update (a staleness bound of 1,
-    the same on every trainer); checkpoints, evaluations and the end wait for it (resume stays exact). Off:
-    every read sees every update before it (one process on the combined batch, exactly)."""
+    the same on every trainer); checkpoints, evaluations and the end wait for it (resume stays exact). off: every
+    read sees every update before it (one process on the combined batch, exactly). auto: on where it can be
+    (bsp, the dense part averaged in the message, no cache)."""
     cache_rows: int = 0
     """bsp: each trainer keeps up to this many of each table's most read rows after pulling them, and reads
     them from its cache for cache_staleness more steps (0: no cache). It cuts the bytes per step (the default
@@ -112,6 +113,14 @@ class PSConfig:
         return f"server{server}" if server < self.servers else f"spare{server - self.servers}"
 
     @property
+    def _can_overlap(self) -> bool:
+        return self.mode == "bsp" and self.dense_where == "trainers" and not self.cache_rows
+
+    @property
+    def overlapped(self) -> bool:
+        return self.overlap == "on" or (self.overlap == "auto" and self._can_overlap)
+
+    @property
     def caching(self) -> bool:
         return self.mode == "bsp" and self.cache_rows > 0
 
@@ -152,7 +161,7 @@ class PSConfig:
             f"{self.servers} servers and {self.trainers} trainers",
         )
         check(
-            not self.overlap or (self.mode == "bsp" and self.dense_where == "trainers" and not self.cache_rows),
+            self.overlap != "on" or self._can_overlap,
             f"ps.overlap keeps a step's message on its way while the next step computes: it needs --ps.mode bsp "
             f"(got {self.mode}), the dense part averaged in the message (--ps.dense trainers or auto, got "
             f"{self.dense}) and no cache (--ps.cache-rows 0, got {self.cache_rows})",

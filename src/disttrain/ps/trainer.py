@@ -85,10 +85,10 @@ class PSTrainer:
         self.model: nn.Module = nn.parallel.DistributedDataParallel(model) if ddp else model
         caches = [RowCache(rows, ps.dim, ps.cache_rows, ps.cache_staleness) for rows in sizes] if ps.caching else []
         self.bsp = BspRows(self.group_tables, caches, rank, ps.trainers) if ps.mode == "bsp" else None
-        self.loop = BspLoop(self, self.bsp, ps.overlap) if self.bsp is not None else None
+        self.loop = BspLoop(self, self.bsp, ps.overlapped) if self.bsp is not None else None
         self.counts_loaded = False
         self.spares = [f"spare{i}" for i in range(ps.spare_servers)]
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr, fused=True)
         self.eval_batch = self.log.held_out(train.eval_samples, train.seed)
 
     def table_options(self) -> dict[str, Any]:
