@@ -27,6 +27,7 @@ from disttrain.health.events import log_event
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
+from disttrain.rl.nets import check_algo
 from disttrain.utils.host import free_port
 
 
@@ -81,7 +82,7 @@ def start(rank: int, world: int, host: str, port: int, run_dir: Path, node: int 
 
 def launch_rl(cfg: RLJobConfig) -> int:
     rl = cfg.rl
-    env_spec(rl.env_id)  # an unknown id or an unsupported space: one line, before anything starts
+    check_algo(env_spec(rl.env_id), rl.algo)  # an unknown id or an unsupported space: one line, before anything
     ranks, host, port = my_ranks(cfg)
     run_dir = rl_run_dir(cfg)
     (run_dir / "logs").mkdir(exist_ok=True)
