@@ -58,6 +58,7 @@ def _gym() -> Any:
         pass
     else:
         gymnasium.register_envs(ale_py)  # the ALE/... ids (idempotent)
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # not its banner on every process's stderr
     return gymnasium
 
 
