@@ -365,7 +365,8 @@ def solve_table(name: str, part: dict[str, Any], goal: float) -> dict[str, Any]:
             )
     C.table(["system", "seed", "solved", "env steps", "return", "command s"], rows, title=name)
     med = {s: _median_time(runs) for s, runs in part.items()}
-    ratio = med["disttrain"] / med["baseline"]
+    # a baseline that solved at most half its seeds has no finite median: no ratio to report
+    ratio = med["disttrain"] / med["baseline"] if math.isfinite(med["baseline"]) else math.nan
     n = len(part["disttrain"])
     solved = {s: sum(bool(r.get("solved")) for r in runs) for s, runs in part.items()}
     ok = solved["disttrain"] == n and math.isfinite(ratio) and ratio <= goal
