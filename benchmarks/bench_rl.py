@@ -175,7 +175,7 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
     net = make_net(obs_dim, n_actions, d.hidden, seed)
     target = copy.deepcopy(net).requires_grad_(False)
     opt = torch.optim.Adam(net.parameters(), lr=d.learning_rate)
-    replay = ReplayBuffer(d.replay_capacity, obs_dim, seed=seed)
+    replay = ReplayBuffer(d.capacity_for(image=False), obs_dim, seed=seed)
     folder = NStepFolder(1, d.n_step, d.gamma)
     rng = np.random.default_rng(seed)
     every, ones = round(d.batch / d.replay_ratio), torch.ones(d.batch)

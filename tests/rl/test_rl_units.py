@@ -112,8 +112,8 @@ def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: 
     state.save(tmp_path, a)
     b = Learner(RLJobConfig(rl=cfg, train=RLTrainConfig(seed=5)), EnvSpec(4, 2))
     assert state.resume(tmp_path, b) is not None
-    for k in ("env_steps", "episodes", "updates", "version"):
-        assert getattr(b.c, k) == getattr(a.c, k), k
+    for counter in ("env_steps", "episodes", "updates", "version"):
+        assert getattr(b.c, counter) == getattr(a.c, counter), counter
     assert list(b.c.returns) == list(a.c.returns) and list(b.c.lengths) == list(a.c.lengths)
     for x, y in zip(a.net.state_dict().values(), b.net.state_dict().values(), strict=True):
         assert torch.equal(x, y)

@@ -25,6 +25,7 @@ from disttrain.launch.direct import node_ranks, start
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
+from disttrain.rl.nets import check_algo
 
 
 def rl_run_dir(cfg: RLJobConfig) -> Path:
@@ -47,7 +48,7 @@ def world_size(cfg: RLJobConfig) -> int:
 
 def launch_rl(cfg: RLJobConfig) -> int:
     rl = cfg.rl
-    env_spec(rl.env_id)  # an unknown id or an unsupported space: one line, before anything starts
+    check_algo(env_spec(rl.env_id), rl.algo)  # an unknown id or an unsupported space: one line, before anything
     ranks, host, port = my_ranks(cfg)
     run_dir = rl_run_dir(cfg)
     (run_dir / "logs").mkdir(exist_ok=True)

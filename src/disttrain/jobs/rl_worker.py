@@ -88,6 +88,12 @@ def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
     lr.finish()
     transport.store().set(STOP_KEY, "1")  # idle spares leave
     final = record(lr, t0, steps0, updates0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
+    final |= {  # what learned from what: the network, and how the replay held the observations
+        "network": type(lr.net).__name__,
+        "replay_capacity": lr.replay.capacity,
+        "replay_obs_dtype": str(lr.replay.obs_dtype).removeprefix("torch."),
+        "replay_bytes": lr.replay.nbytes,
+    }
     metrics.write(json.dumps(final) + "\n")
     metrics.close()
     wait_for_actors(lr, cfg.rl)

@@ -13,7 +13,7 @@ import torch
 from disttrain.rl import learner, updates
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import EnvSpec, make_vec
-from disttrain.rl.nets import choose, make_net
+from disttrain.rl.nets import as_input, choose, make_net_for
 from disttrain.rl.nstep import NStepFolder
 from disttrain.rpc import transport
 from disttrain.utils import hooks
@@ -25,7 +25,8 @@ class Actor:
         self.cfg, self.index, self.rank, self.to = cfg, index, rank, learner_name
         self.seed = job.train.seed * 1000 + index
         self.env = make_vec(cfg.env_id, cfg.envs_per_actor, self.seed)
-        self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, job.train.seed)
+        self.spec = spec
+        self.net = make_net_for(spec, cfg.hidden, job.train.seed, cfg.algo)
         self.gen = torch.Generator().manual_seed(self.seed)
         self.eps = torch.tensor(cfg.epsilon(index))
         n = cfg.n_step if cfg.algo == "dqn" else 1
@@ -49,7 +50,8 @@ class Actor:
         """``rl.chunk`` steps of every environment; the observation to go on from."""
         self.eps = torch.tensor(self.cfg.epsilon(self.index, self.steps * self.cfg.actors))  # ~ the job's steps
         for _ in range(self.cfg.chunk):
-            actions = choose(self.output(torch.from_numpy(obs).float()), self.eps, self.cfg.algo, self.gen).numpy()
+            out = self.output(as_input(torch.from_numpy(obs), self.spec))  # frames travel as uint8
+            actions = choose(out, self.eps, self.cfg.algo, self.gen).numpy()
             nxt, rewards, term, trunc, info = self.env.step(actions)
             true_next = nxt.copy()
             for e in np.flatnonzero(term | trunc):

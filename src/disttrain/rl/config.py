@@ -10,13 +10,18 @@ from typing import Literal
 from disttrain.config import HealthConfig, LaunchConfig, RunConfig
 from disttrain.config.values import check
 
+VECTOR_REPLAY = 100_000  # rl.replay_capacity's default for vector observations
+IMAGE_REPLAY = 20_000  # and for uint8 frames: 2 x 28 KB a transition, 1.1 GB
+
 
 @dataclasses.dataclass
 class RLConfig:
     """The environment, the algorithm, actors and learner, replay and exploration."""
 
     env_id: str = "CartPole-v1"
-    """Any gymnasium environment with a discrete action space and a vector observation."""
+    """Any gymnasium environment with a discrete action space and a vector observation (CartPole-v1,
+    LunarLander-v3, ...), or an Atari game of ale-py (ALE/Pong-v5, ALE/Breakout-v5, ...: 84x84 grey frames,
+    4 stacked, uint8; the Nature-DQN convolutional Q-network)."""
     algo: Literal["dqn", "reinforce"] = "dqn"
     """dqn: double DQN with a target network, n-step returns and replay (Ape-X: priorities computed by the
     actors, a ladder of exploration rates); reinforce: the PyTorch RPC tutorial's policy gradient, whole
@@ -37,9 +42,9 @@ class RLConfig:
     sync_every: int = 20
     """inference actor: pull the learner's weights when the actor's copy is this many updates old."""
     hidden: int = 128
-    """Width of the network's two hidden layers."""
+    """Width of the MLP's two hidden layers (vector observations; frames get the Nature-DQN CNN)."""
     lr: float | None = None
-    """Adam learning rate (default: 5e-4 for dqn, 1e-2 for reinforce)."""
+    """Adam learning rate (default: 5e-4 for dqn, 1e-4 for dqn on frames (Atari), 1e-2 for reinforce)."""
     gamma: float = 0.99
     """Discount."""
     n_step: int = 3
@@ -50,8 +55,10 @@ class RLConfig:
     """dqn: transitions trained on per environment step (actors wait when they run further ahead)."""
     learning_starts: int = 1000
     """dqn: environment steps in the replay before the first update."""
-    replay_capacity: int = 100_000
-    """dqn: transitions the replay holds (the oldest go first)."""
+    replay_capacity: int | None = None
+    """dqn: transitions the replay holds (the oldest go first). Default per observation kind: 100,000 for vectors
+    (float32, ~100 bytes each on CartPole); 20,000 for frames, which are stored as uint8, obs and next_obs
+    (2 x 4x84x84 bytes = 56 KB a transition: 1.1 GB; 100,000 would be 5.6 GB). Raise it where memory allows."""
     prioritized: bool = False
     """dqn: prioritized replay (priorities |TD error| from the actors, then the learner)."""
     alpha: float = 0.6
@@ -85,10 +92,11 @@ class RLConfig:
             "batch",
             "episodes_per_update",
             "target_every",
-            "replay_capacity",
         ):
             check(getattr(self, name) >= 1, f"rl.{name} must be >= 1, got {getattr(self, name)}")
         check(self.learning_rate > 0, f"rl.lr must be > 0, got {self.lr}")
+        cap = self.replay_capacity
+        check(cap is None or cap >= 1, f"rl.replay_capacity must be >= 1, got {cap}")
         check(0 < self.gamma <= 1, f"rl.gamma must be in (0, 1], got {self.gamma}")
         check(self.replay_ratio > 0, f"rl.replay_ratio must be > 0, got {self.replay_ratio}")
         check(
@@ -103,7 +111,18 @@ class RLConfig:
 
     @property
     def learning_rate(self) -> float:
+        """rl.lr, or the default for vector observations."""
         return self.lr if self.lr is not None else (5e-4 if self.algo == "dqn" else 1e-2)
+
+    def learning_rate_for(self, image: bool) -> float:
+        """rl.lr, or the default for the environment's kind of observation (frames: CleanRL's Atari 1e-4)."""
+        return 1e-4 if image and self.lr is None else self.learning_rate
+
+    def capacity_for(self, image: bool) -> int:
+        """rl.replay_capacity, or the default for the environment's kind of observation."""
+        if self.replay_capacity is not None:
+            return self.replay_capacity
+        return IMAGE_REPLAY if image else VECTOR_REPLAY
 
     def epsilon(self, actor: int, env_steps: int | None = None) -> float:
         """dqn: actor ``actor``'s exploration rate on the Ape-X ladder, annealed from 1 over the first

@@ -22,7 +22,7 @@ from torch.futures import Future
 from disttrain.rl import updates
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import EnvSpec
-from disttrain.rl.nets import make_net
+from disttrain.rl.nets import make_net_for
 from disttrain.rl.replay import ReplayBuffer
 from disttrain.rpc import transport
 
@@ -47,12 +47,17 @@ class Learner:
     def __init__(self, job: RLJobConfig, spec: EnvSpec) -> None:
         cfg = job.rl
         self.cfg, self.train, self.spec = cfg, job.train, spec  # the [rl] and [train] sections
-        self.net = make_net(spec.obs_dim, spec.n_actions, cfg.hidden, job.train.seed)
+        self.net = make_net_for(spec, cfg.hidden, job.train.seed, cfg.algo)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.acting = copy.deepcopy(self.net).requires_grad_(False)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate_for(spec.image))
         self.replay = ReplayBuffer(
-            cfg.replay_capacity, spec.obs_dim, prioritized=cfg.prioritized, alpha=cfg.alpha, seed=job.train.seed
+            cfg.capacity_for(spec.image),
+            spec.obs_shape,
+            prioritized=cfg.prioritized,
+            alpha=cfg.alpha,
+            seed=job.train.seed,
+            obs_dtype=getattr(torch, spec.obs_dtype),
         )
         self.c = Counters(returns=deque(maxlen=job.train.solve_window))
         self.inbox: list[dict[str, Any]] = []

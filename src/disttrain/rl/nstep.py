@@ -61,11 +61,17 @@ class NStepFolder:
             return None, episodes
         obs, action, ret, nxt, done, disc = zip(*out, strict=True)
         batch = {
-            "obs": torch.from_numpy(np.stack(obs)).float(),
+            "obs": _obs(obs),
             "action": torch.tensor(action, dtype=torch.int64),
             "reward": torch.tensor(ret, dtype=torch.float32),
-            "next_obs": torch.from_numpy(np.stack(nxt)).float(),
+            "next_obs": _obs(nxt),
             "done": torch.tensor(done, dtype=torch.float32),
             "discount": torch.tensor(disc, dtype=torch.float32),
         }
         return batch, episodes
+
+
+def _obs(rows: tuple[np.ndarray, ...]) -> torch.Tensor:
+    """Observations as they travel to the learner: uint8 frames stay bytes, vectors become float32."""
+    t = torch.from_numpy(np.stack(rows))
+    return t if t.dtype == torch.uint8 else t.float()

@@ -4,6 +4,8 @@ Transitions arrive in chunks from actors already folded over n steps, so each ca
 (gamma**n) the learner bootstraps with, and ``done`` (terminated: no bootstrap). Storage is preallocated
 tensors written and read with index tensors; a :class:`SumTree` over the priorities makes prioritized
 sampling and priority updates O(log capacity) per transition, vectorised over a whole batch.
+Observations are stored in the dtype they arrive in: float32 vectors, or uint8 frames (Atari: 4x84x84 bytes,
+28 KB per observation, two per transition; see ``rl.replay_capacity`` for the default capacity per kind).
 """
 
 from __future__ import annotations
@@ -114,25 +116,30 @@ class ReplayBuffer:
     def __init__(
         self,
         capacity: int,
-        obs_dim: int,
+        obs_dim: int | tuple[int, ...],
         *,
         prioritized: bool = False,
         alpha: float = 0.6,
         eps: float = 1e-6,
         seed: int = 0,
+        obs_dtype: torch.dtype = torch.float32,
     ) -> None:
+        shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
         if capacity < 1:
             raise ConfigError(f"replay: capacity must be >= 1, got {capacity}")
-        if obs_dim < 1:
+        if not shape or min(shape) < 1:
             raise ConfigError(f"replay: obs_dim must be >= 1, got {obs_dim}")
         if alpha < 0:
             raise ConfigError(f"replay: alpha must be >= 0, got {alpha}")
         if eps < 0:
             raise ConfigError(f"replay: eps must be >= 0, got {eps}")
-        self._capacity, self.obs_dim, self.prioritized = capacity, obs_dim, prioritized
+        self._capacity, self.obs_shape, self.prioritized = capacity, shape, prioritized
+        self.obs_dim: int | tuple[int, ...] = shape[0] if len(shape) == 1 else shape
+        self.obs_dtype = obs_dtype
         self.alpha, self.eps = float(alpha), float(eps)
         self.storage = {
-            k: torch.zeros((capacity, obs_dim) if row else (capacity,), dtype=dt) for k, (dt, row) in FIELDS.items()
+            k: torch.zeros((capacity, *shape), dtype=obs_dtype) if row else torch.zeros(capacity, dtype=dt)
+            for k, (dt, row) in FIELDS.items()
         }
         self.pos = 0  # next slot to write
         self.size = 0
@@ -140,6 +147,11 @@ class ReplayBuffer:
         self.max_priority = 1.0  # largest |p| + eps seen, before the power alpha
         self.tree = SumTree(capacity) if prioritized else None
         self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the storage holds (observations dominate: two per transition)."""
+        return sum(v.numel() * v.element_size() for v in self.storage.values())
 
     @property
     def capacity(self) -> int:
@@ -163,14 +175,14 @@ class ReplayBuffer:
         out: dict[str, Tensor] = {}
         for k, (dtype, row) in FIELDS.items():
             v = torch.as_tensor(batch[k])
-            if row and (v.dim() != 2 or tuple(v.shape) != (n, self.obs_dim)):
+            if row and tuple(v.shape) != (n, *self.obs_shape):
                 raise ValueError(
                     f"replay: {k} of shape {tuple(v.shape)} does not match obs_dim {self.obs_dim} "
-                    f"(expected ({n}, {self.obs_dim}))"
+                    f"(expected {(n, *self.obs_shape)})"
                 )
             if not row and v.numel() != n:
                 raise ValueError(f"replay: {k} has {v.numel()} entries for {n} transitions")
-            out[k] = v.detach().to("cpu", dtype) if row else _cpu(v, dtype)
+            out[k] = v.detach().to("cpu", self.obs_dtype) if row else _cpu(v, dtype)
         return n, out
 
     def _stored_priorities(self, priorities: Tensor, n: int) -> Tensor:
