@@ -120,7 +120,8 @@ def test_a_killed_run_with_a_cache_or_overlapped_resumes_to_the_same_losses(tmp_
         lambda: ps_run(tmp_path, "lap-clean", *job, *lap),
         lambda: ps_run(tmp_path, "lap-killed", *job, *lap, *restart, env={"DISTTRAIN_FAULT": "ps_server_kill:6:1"}),
     )
-    for run, ref in ((killed, clean), (lap_killed, lap_clean)):
-        steps = [s for s, _ in run]
-        assert steps[-8:] == list(range(5, 13)) and len(steps) > 12, steps  # resumed after step 4
+    for name, run, ref in (("killed", killed, clean), ("lap-killed", lap_killed, lap_clean)):
+        events = (tmp_path / name / "health" / "events.jsonl").read_text()
+        assert '"event": "ps_resume"' in events and '"step": 4' in events, events  # restarted after step 4
+        assert [s for s, _ in run][-8:] == list(range(5, 13)), run
         assert run[-8:] == ref[4:]  # bit for bit
