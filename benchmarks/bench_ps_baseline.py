@@ -220,6 +220,7 @@ def run_rounds(rounds: int) -> dict[str, list[dict[str, Any]]]:
     # "one": torch's default threads (what a user gets); "one-1t": one thread, as each PS process has
     variants = {
         "ps": lambda tmp, r: run_ps(tmp, r),
+        "ps-exact": lambda tmp, r: run_ps(tmp, r, "ps-exact", "--ps.overlap", "off"),
         "ps-separate": lambda tmp, r: run_ps(tmp, r, "ps-separate", "--ps.colocate", "off"),
         "ps-cache": lambda tmp, r: run_ps(tmp, r, "ps-cache", "--ps.cache-rows", "4096"),
         "one": lambda tmp, r: run_baseline(tmp, r, 0),
@@ -244,7 +245,7 @@ def report(runs: dict[str, list[dict[str, Any]]], rpc: dict[str, Any], rounds: i
     ratios = {k: C.paired_ratio(ps_sps, [x["samples_per_s"] for x in runs[k]]) for k in ("one", "one-1t")}
     strongest = max(("one", "one-1t"), key=lambda k: med[k]["samples_per_s"])
     best = [x["samples_per_s"] for x in runs[strongest]]
-    for k in ("ps-separate", "ps-cache"):  # against the same (faster) loop
+    for k in ("ps-exact", "ps-separate", "ps-cache"):  # against the same (faster) loop
         ratios[k] = C.paired_ratio([x["samples_per_s"] for x in runs[k]], best)
     ratio, gap = ratios[strongest], med[strongest]["auc"] - med["ps"]["auc"]
     job = PSJobConfig()
@@ -258,7 +259,8 @@ def report(runs: dict[str, list[dict[str, Any]]], rpc: dict[str, Any], rounds: i
         [x["bytes_per_step"] for x in runs["ps"]]
     )
     labels = {
-        "ps": "disttrain ps (default job: 2 processes, each a trainer and a server, 1 thread each)",
+        "ps": "disttrain ps (default job: 2 processes, each a trainer and a server, overlapped steps)",
+        "ps-exact": "disttrain ps --ps.overlap off (every read after every update: one process exactly)",
         "ps-separate": "disttrain ps --ps.colocate off (servers of their own: 4 processes)",
         "ps-cache": f"disttrain ps --ps.cache-rows 4096 (hit rate {cache:.0%}, {fewer:.0%} fewer bytes / step)",
         "one": f"one process ({runs['one'][0]['threads']} threads, torch default)",

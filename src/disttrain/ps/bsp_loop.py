@@ -45,7 +45,8 @@ class BspLoop:
 
     def _ids(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(this trainer's, every trainer's) ids of step ``step``, its samples kept for when it runs."""
-        whole = self.ahead[step] = self.t.global_batch(step)
+        whole = self.ahead.get(step) or self.t.global_batch(step)
+        self.ahead[step] = whole
         return self.t.my_part(whole).ids, whole.ids
 
     def step(self, step: int) -> list[tuple[int, float]]:
@@ -73,6 +74,8 @@ class BspLoop:
             step, self.rows, embs.grad / t.cfg.trainers, self._ids(target) if asks else None, float(loss.detach()),
             t.dense_grad(), sync,
         )  # fmt: skip
+        if asks and target + 1 < t.train.steps and target + 1 not in self.ahead:
+            self.ahead[target + 1] = t.global_batch(target + 1)  # drawn while the message travels
         done = []
         if self.inflight is not None:
             last, last_flight = self.inflight
