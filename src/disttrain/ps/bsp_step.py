@@ -29,8 +29,29 @@ class StepRows:
     """Where ``uniq`` live (when all of them were pulled: no cache), for the push of their gradients."""
 
     def embeddings(self) -> torch.Tensor:
-        """(batch, tables, dim) rows of the step's samples."""
-        return torch.stack([v[inv] for v, inv in zip(self.values, self.inverse, strict=True)], dim=1)
+        """(batch, tables, dim) rows of the step's samples (one gather for every table)."""
+        starts = [0, *torch.tensor([len(u) for u in self.uniq]).cumsum(0)[:-1].tolist()]
+        where = torch.stack([inv + s for inv, s in zip(self.inverse, starts, strict=True)], dim=1)
+        return torch.cat(self.values)[where]
+
+
+def unique_columns(ids: torch.Tensor, offsets: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per column of ``ids`` (batch, tables): its distinct ids (sorted) and where each id is among them, as
+    ``torch.unique(ids[:, i], return_inverse=True)`` gives, from one ``unique`` over every table: each table's
+    ids shifted by ``offsets[i]`` (the rows of the tables before it) so the tables' ranges follow each other."""
+    flat, inverse = torch.unique(ids + offsets, return_inverse=True)
+    bounds = [*torch.searchsorted(flat, offsets).tolist(), len(flat)]
+    uniq = [flat[bounds[i] : bounds[i + 1]] - offsets[i] for i in range(len(offsets))]
+    return uniq, [inverse[:, i] - bounds[i] for i in range(len(offsets))]
+
+
+def summed_columns(grads: torch.Tensor, inverse: list[torch.Tensor], counts: list[int]) -> list[torch.Tensor]:
+    """Per table: ``grads[:, i]`` (batch, tables, dim) summed per distinct id (in batch order, as a per-table
+    ``index_add_`` sums them), from one ``index_add_`` over every table."""
+    starts = [0, *torch.tensor(counts).cumsum(0)[:-1].tolist()]
+    where = torch.stack([inv + s for inv, s in zip(inverse, starts, strict=True)], dim=1).reshape(-1)
+    total = torch.zeros(sum(counts), grads.shape[2]).index_add_(0, where, grads.reshape(-1, grads.shape[2]))
+    return list(total.split(counts))
 
 
 class BspRows:
@@ -41,6 +62,8 @@ class BspRows:
         self.dim = group.tables[0].dim
         self.epoch = 0  # roll-backs so far (a spare server took a dead one's place)
         self.seq = 0  # messages sent in this epoch: each server takes a trainer's messages in this order
+        sizes = torch.tensor([t.sharding.rows for t in group.tables])
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)[:-1]])
 
     def first(self, step: int, ids: torch.Tensor, every_ids: torch.Tensor, resumed: bool) -> StepRows:
         """The rows ``ids`` of step ``step`` read in a message that pushes nothing (the run's first step, or the
@@ -68,8 +91,8 @@ class BspRows:
         row is pushed and dropped (a checkpoint, an evaluation or the end follows). :meth:`InFlight.wait`
         gives the rows, the step's mean loss and mean dense gradient."""
         push_ids, push_grads = [], []
-        for i, (uniq, inv) in enumerate(zip(rows.uniq, rows.inverse, strict=True)):
-            summed = torch.zeros(len(uniq), self.dim).index_add_(0, inv, grads[:, i])
+        sums = summed_columns(grads, rows.inverse, [len(u) for u in rows.uniq])
+        for i, (uniq, summed) in enumerate(zip(rows.uniq, sums, strict=True)):
             if not self.caches:
                 push_ids.append(uniq)
                 push_grads.append(summed)
@@ -101,11 +124,9 @@ class BspRows:
             pending = self.group.exchange(push_ids, push_grads, pull, step, dense_grad, self.epoch, routes, self.seq)
             return InFlight(self, pending, clock, None)
         mine, every = next_ids
-        uniq, inverse, pull, held_at = [], [], [], []
-        for i in range(mine.shape[1]):
-            u, inv = torch.unique(mine[:, i], return_inverse=True)
-            uniq.append(u)
-            inverse.append(inv)
+        uniq, inverse = unique_columns(mine, self.offsets)
+        pull, held_at = [], []
+        for i, u in enumerate(uniq):
             if self.caches:
                 if count:
                     self.caches[i].count(torch.unique(every[:, i]), clock + 1)
