@@ -4,7 +4,6 @@ servers as one torchrun job on this node."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
-from disttrain.launch.direct import node_ranks, start
+from disttrain.launch.direct import node_ranks, run_watched, start
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSJobConfig
@@ -82,17 +81,7 @@ def launch_with_spares(cfg: PSJobConfig, run_dir: Path) -> int:
     procs = {
         r: start("disttrain.jobs.ps_worker", r, ps.processes, host, port, run_dir, launch.node_rank) for r in ranks
     }
-    try:
-        with watch_frozen(cfg.health, run_dir, launch.node_rank):
-            return watch_servers(cfg, procs, run_dir)
-    except KeyboardInterrupt:
-        for p in procs.values():
-            p.send_signal(signal.SIGINT)
-        return 130
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
+    return run_watched(procs, cfg.health, run_dir, launch.node_rank, lambda: watch_servers(cfg, procs, run_dir))
 
 
 def watch_servers(cfg: PSJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:

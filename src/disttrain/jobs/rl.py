@@ -10,7 +10,6 @@ from the run folder's ``config.toml``.
 from __future__ import annotations
 
 import datetime
-import signal
 import subprocess
 import sys
 import time
@@ -21,8 +20,7 @@ import torch.distributed as dist
 from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.health.events import log_event
-from disttrain.launch.direct import node_ranks, start
-from disttrain.launch.frozen_watch import watch_frozen
+from disttrain.launch.direct import node_ranks, run_watched, start
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.nets import check_algo
@@ -61,17 +59,7 @@ def launch_rl(cfg: RLJobConfig) -> int:
         )
     module, node = "disttrain.jobs.rl_worker", cfg.launch.node_rank
     procs = {r: start(module, r, world_size(cfg), host, port, run_dir, node) for r in ranks}
-    try:
-        with watch_frozen(cfg.health, run_dir, cfg.launch.node_rank):  # names a learner or actor that froze
-            return Watch(cfg, procs, run_dir, (host, port)).run()
-    except KeyboardInterrupt:
-        for p in procs.values():
-            p.send_signal(signal.SIGINT)
-        return 130
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
+    return run_watched(procs, cfg.health, run_dir, node, Watch(cfg, procs, run_dir, (host, port)).run)
 
 
 class Watch:

@@ -10,12 +10,15 @@ launcher's frozen-rank watch); rank 0 prints to this console, every rank's outpu
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from disttrain.errors import ConfigError
+from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.utils.host import free_port
 
 
@@ -57,3 +60,21 @@ def node_ranks(world: int, nnodes: str, node_rank: int, rdzv_endpoint: str, what
     host, port = rdzv_endpoint.rsplit(":", 1)
     per = world // nodes
     return range(node_rank * per, (node_rank + 1) * per), host, int(port)
+
+
+def run_watched(
+    procs: dict[int, subprocess.Popen[bytes]], health: Any, run_dir: Path, node: int, watch: Callable[[], int]
+) -> int:
+    """``watch()`` (the job's own loop over ``procs``) under the launcher's frozen-rank watch; Ctrl-C passes to
+    the workers (exit 130), and no worker outlives it."""
+    try:
+        with watch_frozen(health, run_dir, node):  # names a worker whose process stopped
+            return watch()
+    except KeyboardInterrupt:
+        for p in procs.values():
+            p.send_signal(signal.SIGINT)
+        return 130
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
