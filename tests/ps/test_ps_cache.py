@@ -68,10 +68,23 @@ def test_a_sync_point_pushes_every_row_at_once() -> None:
 
 # -- in jobs: 2 trainers x 2 servers (colocated), small tables, every row hot ---------------------------------
 JOB = [
-    "--ps.tables", "2000", "500", "50",
-    "--ps.dim", "8", "--ps.hidden", "16", "--train.batch", "64", "--train.eval-samples", "4000",
-    "--ps.dense-lr", "0.01", "--ps.cache-rows", "512",
-]  # fmt: skip
+    "--ps.tables",
+    "2000",
+    "500",
+    "50",
+    "--ps.dim",
+    "8",
+    "--ps.hidden",
+    "16",
+    "--train.batch",
+    "64",
+    "--train.eval-samples",
+    "4000",
+    "--ps.dense-lr",
+    "0.01",
+    "--ps.cache-rows",
+    "512",
+]
 
 
 def ps_run(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) -> tuple[list[tuple[int, float]], dict]:

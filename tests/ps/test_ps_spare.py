@@ -15,11 +15,31 @@ from disttrain.testing.launch import together
 from conftest import disttrain
 
 JOB = [
-    "--ps.tables", "1000", "500", "50", "--ps.dim", "8", "--ps.hidden", "16",
-    "--ps.trainers", "2", "--ps.servers", "2", "--ps.spare-servers", "1", "--train.batch", "64",
-    "--train.steps", "12", "--train.eval-interval", "0", "--train.eval-samples", "2000",
-    "--checkpoint.interval", "4",
-]  # fmt: skip
+    "--ps.tables",
+    "1000",
+    "500",
+    "50",
+    "--ps.dim",
+    "8",
+    "--ps.hidden",
+    "16",
+    "--ps.trainers",
+    "2",
+    "--ps.servers",
+    "2",
+    "--ps.spare-servers",
+    "1",
+    "--train.batch",
+    "64",
+    "--train.steps",
+    "12",
+    "--train.eval-interval",
+    "0",
+    "--train.eval-samples",
+    "2000",
+    "--checkpoint.interval",
+    "4",
+]
 
 
 def shards(run: Path) -> list[dict[str, dict[str, torch.Tensor]]]:
@@ -33,10 +53,16 @@ def test_a_spare_takes_a_killed_servers_shard_and_the_rows_end_as_an_uninterrupt
     clean, killed = together(
         lambda: disttrain("ps", *JOB, "--run.root", str(tmp_path), "--run.name", "clean", timeout=200),
         lambda: disttrain(
-            "ps", *JOB, "--run.root", str(tmp_path), "--run.name", "killed", timeout=200,
+            "ps",
+            *JOB,
+            "--run.root",
+            str(tmp_path),
+            "--run.name",
+            "killed",
+            timeout=200,
             env={"DISTTRAIN_FAULT": "ps_server_kill:7:2"},  # server0 (rank 2) dies applying its 7th update
         ),
-    )  # fmt: skip
+    )
     assert clean.returncode == 0 and killed.returncode == 0, clean.stderr[-2000:] + killed.stderr[-3000:]
     assert "server0 (rank 2) exited with code -9; a spare takes its shard" in killed.stderr, killed.stderr
     assert "shards now on spare0, server1, back at step" in killed.stdout, killed.stdout

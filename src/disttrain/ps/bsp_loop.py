@@ -71,9 +71,14 @@ class BspLoop:
         asks = ahead > 0 and target < t.train.steps and not (ahead == 2 and t.syncs_after(step + 2))
         assert embs.grad is not None
         flight = bsp.send(
-            step, self.rows, embs.grad / t.cfg.trainers, self._ids(target) if asks else None, float(loss.detach()),
-            t.dense_grad(), sync,
-        )  # fmt: skip
+            step,
+            self.rows,
+            embs.grad / t.cfg.trainers,
+            self._ids(target) if asks else None,
+            float(loss.detach()),
+            t.dense_grad(),
+            sync,
+        )
         if asks and target + 1 < t.train.steps and target + 1 not in self.ahead:
             self.ahead[target + 1] = t.global_batch(target + 1)  # drawn while the message travels
         done = []
