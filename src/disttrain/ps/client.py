@@ -94,25 +94,23 @@ class TableGroup:
         self,
         ids: torch.Tensor,
         grads: torch.Tensor,
-        together: tuple[int, int, int, float] | None = None,
         combine: bool = True,
     ) -> Any:
-        """(batch, tables, dim) gradients of the rows :meth:`pull` gave, summed per distinct id of each table;
-        ``together``: (clock, trainer, trainers, loss) of a BSP step, else applied as it arrives (``combine``:
-        with the other pushes that arrive meanwhile). Server 0's answer (BSP: the step's mean loss)."""
+        """(batch, tables, dim) gradients of the rows :meth:`pull` gave, summed per distinct id of each table,
+        applied as they arrive (ssp / asp; ``combine``: with the other pushes that arrive meanwhile; bsp steps
+        go through :meth:`exchange`). Server 0's answer."""
         split = self._split(ids)
         summed = [
             torch.zeros(len(uniq), t.dim).index_add_(0, inv, grads[:, i])
             for i, ((uniq, inv, _), t) in enumerate(zip(split, self.tables, strict=True))
         ]
-        fn = server.push_many if together is None else server.push_many_together
+        fn = server.push_many
         futs = []
         for k, s in enumerate(self.servers):
             local = [parts[k][1] for _, _, parts in split]
             part_grads = torch.cat([g[parts[k][0]] for g, (_, _, parts) in zip(summed, split, strict=True)])
             counts = [len(r) for r in local]
-            extra = together or (combine,)
-            futs.append(transport.call_async(s, fn, self.names, torch.cat(local), part_grads, counts, *extra))
+            futs.append(transport.call_async(s, fn, self.names, torch.cat(local), part_grads, counts, combine))
         answers = [transport.wait(f, s, fn) for s, f in zip(self.servers, futs, strict=True)]
         self.bytes_moved += sum(u.numel() * 8 + g.numel() * 4 for (u, _, _), g in zip(split, summed, strict=True))
         return answers[0]

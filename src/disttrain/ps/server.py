@@ -16,7 +16,6 @@ from torch.futures import Future
 from disttrain.errors import ConfigError
 from disttrain.ps.table import Arena, ShardTable
 from disttrain.rpc import transport
-from disttrain.utils import hooks
 
 _TABLES: dict[str, ShardTable] = {}
 
@@ -55,27 +54,7 @@ def state(name: str) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in get_table(name).state_dict().items()}
 
 
-_PENDING: dict[tuple[str, int], list[tuple[int, torch.Tensor, torch.Tensor, Future[int]]]] = {}
 _LOCK = threading.Lock()
-
-
-@transport.async_execution
-def push_together(name: str, rows: torch.Tensor, grads: torch.Tensor, clock: int, trainer: int, n: int) -> Future[int]:
-    """BSP: the pushes of all ``n`` trainers for one clock become one update (in trainer order, so the sum
-    is the same every run), and every caller is answered once it is applied."""
-    fut: Future[int] = Future()
-    with _LOCK:
-        pending = _PENDING.setdefault((name, clock), [])
-        pending.append((trainer, rows, grads, fut))
-        ready = _PENDING.pop((name, clock)) if len(pending) == n else None
-    if ready is not None:
-        ready.sort(key=lambda p: p[0])
-        table = get_table(name)
-        table.push(torch.cat([p[1] for p in ready]), torch.cat([p[2] for p in ready]))
-        hooks.fire("ps_update", table.updates, int(os.environ.get("RANK", -1)))
-        for p in ready:
-            p[3].set_result(table.updates)
-    return fut
 
 
 # -- clocks for SSP (kept by server 0) ----------------------------------------------------------------------
@@ -245,35 +224,3 @@ def push_stats() -> dict[str, int]:
     """How many pushes (ssp / asp) arrived, and in how many updates they were applied."""
     with _LOCK:
         return dict(_STATS)
-
-
-@transport.async_execution
-def push_many_together(
-    names: list[str],
-    rows: torch.Tensor,
-    grads: torch.Tensor,
-    counts: list[int],
-    clock: int,
-    trainer: int,
-    n: int,
-    loss: float = 0.0,
-) -> Future[float]:
-    """BSP for every table at once: :func:`push_together`, one call per server and step instead of one per
-    table. Each trainer sends its loss along; the answer is the step's mean loss over the ``n`` trainers (no
-    collective of its own for it)."""
-    with _LOCK:
-        _LOSSES.setdefault(clock, []).append((trainer, loss))
-    parts = zip(names, rows.split(counts), grads.split(counts), strict=True)
-    futs = [push_together(name, r, g, clock, trainer, n) for name, r, g in parts]
-
-    def mean_loss(_: Any) -> float:
-        with _LOCK:
-            losses = sorted(_LOSSES.get(clock, []))
-            for old in [c for c in _LOSSES if c < clock - 1]:
-                del _LOSSES[old]
-        return sum(x for _, x in losses) / n
-
-    return torch.futures.collect_all(futs).then(mean_loss)
-
-
-_LOSSES: dict[int, list[tuple[int, float]]] = {}

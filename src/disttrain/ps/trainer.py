@@ -153,15 +153,14 @@ class PSTrainer:
         assert embs.grad is not None
         self.phase("optimizer")  # pushes included
         own = float(loss.detach())
-        together = (step, self.rank, cfg.trainers, own) if cfg.mode == "bsp" else None
-        mean_loss = self.group_tables.push(b.ids, embs.grad / cfg.trainers, together, cfg.combine_pushes)
+        self.group_tables.push(b.ids, embs.grad / cfg.trainers, cfg.combine_pushes)
         if self.dense_on_server:
             self._push_dense(step)
         else:
             self.opt.step()
-        if cfg.mode != "bsp" and cfg.trainers > 1:
+        if cfg.trainers > 1:  # ssp / asp (bsp steps are the loop's)
             transport.call(self.servers[0], server.tick, self.rank, step + 1, cfg.trainers)
-        return [(step, float(mean_loss) if cfg.mode == "bsp" else own)]
+        return [(step, own)]
 
     def forward_backward(self, b: Batch, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward and backward of batch ``b`` on ``rows``: the rows (their ``.grad`` filled) and the loss."""
