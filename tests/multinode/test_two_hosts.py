@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -185,24 +186,49 @@ def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_tex
     print("elastic: training again", time.monotonic() - died, "s after the host died;", restart[-3:])
 
 
-def test_doctor_across_two_hosts_checks_the_rendezvous_clocks_and_the_link() -> None:
-    with two_hosts() as (a, b):
-        procs = [
-            h.disttrain(
-                "doctor",
-                "--launch.nnodes",
-                "2",
-                "--launch.rdzv-endpoint",
-                f"{a.addr}:{PORT}",
-                "--launch.node-rank",
-                str(r),
-            )
-            for r, h in enumerate((a, b))
-        ]
-        ra, rb = finish(procs, timeout=200)
-    assert ra.returncode == 0 and rb.returncode == 0, ra.stdout + ra.stderr[-2000:] + rb.stdout + rb.stderr[-2000:]
-    lines = {x.split()[1]: x for x in ra.stdout.splitlines() if x[:4] in ("OK  ", "WARN", "FAIL")}
-    assert "this node (rank 0) will host it" in lines["rendezvous"], ra.stdout
-    assert "2 nodes agree within" in lines["clocks"] and lines["clocks"].startswith("OK"), ra.stdout
-    assert "all-reduce across nodes" in lines["inter-node"] and "within a node" in lines["inter-node"], ra.stdout
-    assert f"{a.addr}:{PORT} answers" in rb.stdout and "joined the test" in rb.stdout, rb.stdout
+def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_over_it(tmp_path: Path) -> None:
+    """Two hosts joined by a 20 Mbit/s link (tc), each in its own PID namespace (else TensorPipe copies tensors
+    between them in memory): doctor checks the rendezvous, the clocks and the links within minutes, and caches
+    the RPC link; `ps --plan` for 2 nodes predicts, from it, the samples/s the ps job then reaches over it."""
+    from disttrain.jobs.ps_plan import ERROR
+
+    caches = [tmp_path / "cache-a", tmp_path / "cache-b"]
+    job = ["ps", "--train.steps", "60", "--train.eval-interval", "0", "--train.eval-samples", "1000"]
+    job += ["--run.root", str(tmp_path), "--run.name", "two"]
+    with two_hosts(own_pids=True) as (a, b):
+        for h in (a, b):
+            h.limit("20mbit")
+        nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}"]
+        ra, rb = finish(
+            [
+                h.disttrain("doctor", *nodes, "--launch.node-rank", str(r), env={"DISTTRAIN_CACHE_DIR": str(caches[r])})
+                for r, h in enumerate((a, b))
+            ],
+            timeout=200,
+        )
+        assert ra.returncode == 0 and rb.returncode == 0, ra.stdout + ra.stderr[-2000:] + rb.stdout + rb.stderr[-2000:]
+        lines = {x.split()[1]: x for x in ra.stdout.splitlines() if x[:4] in ("OK  ", "WARN", "FAIL")}
+        assert "this node (rank 0) will host it" in lines["rendezvous"], ra.stdout
+        assert "2 nodes agree within" in lines["clocks"] and lines["clocks"].startswith("OK"), ra.stdout
+        assert "all-reduce across nodes" in lines["inter-node"] and lines["inter-node"].startswith("WARN"), ra.stdout
+        assert f"{a.addr}:{PORT} answers" in rb.stdout and "joined the test" in rb.stdout, rb.stdout
+        rate = float(lines["rpc"].split("; ")[1].split()[0])  # '... ping rank 0 -> rank 3: 0.6 ms; 2.31 MB/s one way'
+        assert 1.2 < rate < 2.6 and "MB/s one way" in lines["rpc"], lines["rpc"]  # 20 Mbit/s is 2.5 MB/s
+        env = {"DISTTRAIN_CACHE_DIR": str(caches[0])}
+        plan = subprocess.run(
+            a.cmd(str(DISTTRAIN), *job, "--plan", "--launch.nnodes", "2"),
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert plan.returncode == 0 and "rpc across nodes" in plan.stdout, plan.stdout + plan.stderr[-2000:]
+        speed = next(x for x in plan.stdout.splitlines() if x.startswith("speed"))
+        assert "set by messages" in speed, plan.stdout
+        predicted = float(speed.split("~")[1].split()[0].replace(",", ""))
+        runs = finish([h.disttrain(*job, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate((a, b))])
+    assert all(r.returncode == 0 for r in runs), runs[0].stdout + runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    recs = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    measured = statistics.median([r["samples_per_s"] for r in recs if "samples_per_s" in r][10:])
+    print(f"ps over a 20 Mbit/s link: predicted {predicted:,.0f}, measured {measured:,.0f} samples/s")
+    assert abs(measured / predicted - 1) <= ERROR, (predicted, measured, plan.stdout)

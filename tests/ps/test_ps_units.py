@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from disttrain.errors import ConfigError
+from disttrain.plan.machine import fit_rpc_link
 from disttrain.ps.clicks import ClickLog, CriteoFile, auc, parse_criteo_line, read_criteo, write_criteo
+from disttrain.ps.config import PSConfig, PSJobConfig
 from disttrain.ps.sharding import RowSharding
+from disttrain.ps.speed import MESSAGE_BYTES, StepCosts, message_bytes, predict
 from disttrain.ps.table import ShardTable
 
 
@@ -150,3 +153,38 @@ def test_a_ps_job_round_trips_through_its_config_toml(tmp_path: Path) -> None:
     back = load_toml(tmp_path / "config.toml", job=PSJobConfig)
     assert back == line.cfg and back.ps.tables == (100, 50) and back.train.steps == 7
     assert back.launch.max_restarts == 2 and back.health.heartbeat_s == 0.5 and back.run.name == "x"
+
+
+def _costs(rows: float, trainers: int = 2, servers: int = 2) -> StepCosts:
+    return StepCosts(2e-3, 3e-4, tuple((rows,) * servers for _ in range(trainers)), dense_params=4000, dim=16)
+
+
+def test_the_speed_plan_is_the_busiest_link_directions_bytes_on_a_slow_link_and_compute_on_a_fast_one() -> None:
+    cfg = PSJobConfig()  # 2 trainers x 2 servers, colocated, overlapped steps of 2 x 256
+    slow = {"rpc": (5e-4, 1e9), "rpc_inter": (1e-3, 2e6)}
+    p = predict(cfg, _costs(400), slow, nnodes=2, cores=2)
+    # each process sends one message across and answers one: no message to its own server
+    sent, answered = message_bytes(400, 16, 16_000)
+    assert sent == 400 * (8 + 64 + 8) + MESSAGE_BYTES + 16_000 and answered == 400 * 64 + MESSAGE_BYTES + 16_000
+    bare_sent, bare_answer = message_bytes(400, 16, 0)  # trainer 0 -> server 1 carries no dense gradient
+    assert p.bytes_per_step == int(sent + answered + bare_sent + bare_answer) == p.cross_bytes
+    busiest = max(bare_sent + answered, sent + bare_answer)  # overlapped: sends and answers share a direction
+    assert p.messages_s == pytest.approx(1e-3 + busiest / 2e6)
+    assert p.bound == "messages" and p.step_s == pytest.approx(p.messages_s + 3e-4 + 2.5e-4)
+    assert p.samples_per_s == pytest.approx(512 / p.step_s)
+    plain = predict(PSJobConfig(ps=PSConfig(overlap="off")), _costs(400), slow, nnodes=2, cores=2)
+    assert plain.messages_s == pytest.approx(1e-3 + sent / 2e6 + answered / 2e6)  # sends, then answers
+    fast = predict(cfg, _costs(400), {"rpc": (5e-4, 1e9)}, nnodes=1, cores=2)
+    assert fast.bound == "compute" and fast.cpu_s == pytest.approx(2e-3 + 3e-4 + 2 * 2.5e-4)
+    crowded = predict(cfg, _costs(400), {"rpc": (5e-4, 1e9)}, nnodes=1, cores=1)  # 2 processes share a core
+    assert crowded.cpu_s == pytest.approx(2 * fast.cpu_s)
+    apart = predict(PSJobConfig(ps=PSConfig(colocate="off")), _costs(400), slow, nnodes=2, cores=2)
+    # ranks in order (trainers, then servers): node 0 holds both trainers, node 1 both servers: all of it crosses
+    assert apart.cross_bytes == apart.bytes_per_step > p.bytes_per_step
+
+
+def test_the_rpc_link_is_the_slowest_payload_rate_beyond_the_round_trip() -> None:
+    fit = fit_rpc_link({"ping_s": 1e-3, "points": [(65536, 1e-3 + 65536 / 4e6), (2**20, 1e-3 + 2**20 / 2e6)]})
+    assert fit.latency_s == 1e-3 and fit.bandwidth_Bps == pytest.approx(2e6)  # the burst of a small payload
+    with pytest.raises(ValueError, match="round trip"):
+        fit_rpc_link({"ping_s": 1.0, "points": [(65536, 0.5)]})

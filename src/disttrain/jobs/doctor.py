@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from disttrain.launch.network import is_local
-from disttrain.plan.machine import LinkFit, MachineProfile, fit_links, load_machine, save_machine
+from disttrain.plan.machine import LinkFit, MachineProfile, fit_links, fit_rpc_link, load_machine, save_machine
+from disttrain.utils.fmt import fmt_rate
 from disttrain.utils.host import cpu_name
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -223,10 +224,11 @@ def _doctor_argv(nproc: int, nnodes: str, node_rank: int, endpoint: str | None, 
     return [*argv, "-m", "disttrain.jobs.doctor_worker", tmp]
 
 
-def measure_machine(nproc: int = 2) -> str:
+def measure_machine(nproc: int = 2, rpc: bool = False) -> str:
     """The figures a plan needs of this machine (link curves, compute rates, framework costs: what ``disttrain
-    doctor`` measures, without its other checks), over ``nproc`` local ranks, cached for the next plans; the
-    line that says what was measured, or why nothing was (the plan then keeps its defaults)."""
+    doctor`` measures, without its other checks; ``rpc``: and the RPC link, for ``ps --plan``), over ``nproc``
+    local ranks, cached for the next plans; the line that says what was measured, or why nothing was (the plan
+    then keeps its defaults)."""
     from disttrain.launch.torchrun import run_torchrun
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -238,7 +240,7 @@ def measure_machine(nproc: int = 2) -> str:
     )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="disttrain-machine-") as tmp:
-        argv = [*_doctor_argv(nproc, "1", 0, None, tmp), "--machine-only"]
+        argv = [*_doctor_argv(nproc, "1", 0, None, tmp), "--machine-only", *(["--rpc"] if rpc else [])]
         with contextlib.redirect_stdout(sys.stderr):
             code = run_torchrun(argv, nproc, device)
         checks = check_link(Path(tmp, "machine.json")) if code == 0 else []
@@ -281,6 +283,8 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
                 )
             ]
         link = check_link(Path(tmp, "machine.json"))
+        measured = Path(tmp, "machine.json")
+        rpc = json.loads(measured.read_text()).get("rpc", [None])[0] if measured.is_file() else None
         if not result.is_file():  # other nodes: rank 0's node has the figures
             return [Check("collectives", "OK", f"joined the test with {nproc} process(es)"), *link]
         res = json.loads(result.read_text())
@@ -304,9 +308,10 @@ def check_multiprocess(nproc: int, nnodes: str, node_rank: int, endpoint: str | 
         )
     out += check_nodes(res)
     out += link
-    out.append(
-        Check("rpc", "OK", f"ping rank 0 -> rank {world - 1}: {res['rpc_ms']:.2f} ms ({took:.0f}s for the test)")
-    )
+    if res.get("rpc_ms") is not None:
+        rate = f"; {fmt_rate(fit_rpc_link(rpc).bandwidth_Bps)} one way (read by ps --plan)" if rpc else ""
+        text = f"ping rank 0 -> rank {world - 1}: {res['rpc_ms']:.2f} ms{rate} ({took:.0f}s for the test)"
+        out.append(Check("rpc", "OK", text))
     return out
 
 
@@ -325,6 +330,8 @@ def check_link(measured: Path) -> list[Check]:
         return [Check("link", "WARN", "the test measured no all-gather curve", "run `disttrain doctor` again")]
     m = json.loads(measured.read_text())
     links = {k: fit_links(c) for k, c in m["curves"].items()}
+    for rpc in m.get("rpc", []):  # rank 0's node: its RPC links (ps --plan reads them)
+        links["rpc_inter" if rpc["across_nodes"] else "rpc"] = fit_rpc_link(rpc)
     old = load_machine()
     old = old if old is not None and old.device == m["device"] else None
     unit_s = old.unit_overhead_s if old else 0.0
@@ -339,8 +346,12 @@ def check_link(measured: Path) -> list[Check]:
         cores=os.cpu_count() or 1,
         matmul_tflops=_best_peaks(old.matmul_tflops if old else {}, m.get("matmul_tflops", {})),
         elementwise_rate=_best_peaks(old.elementwise_rate if old else {}, m.get("elementwise_rate", {})),
-        # the latest fit per kind, and each one also under kind@ranks (a plan for that many ranks prefers it)
-        links={**(old.links if old else {}), **links, **{f"{k}@{f.nranks}": f for k, f in links.items()}},
+        # the latest fit per kind, and each collective's also under kind@ranks (a plan for that many ranks prefers it)
+        links={
+            **(old.links if old else {}),
+            **links,
+            **{f"{k}@{f.nranks}": f for k, f in links.items() if not k.startswith("rpc")},
+        },
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
         efficiency=old.efficiency if old else {},
         efficiency_runs=old.efficiency_runs if old else {},
@@ -359,7 +370,7 @@ def check_link(measured: Path) -> list[Check]:
 
 def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
     """'all-gather over 2 ranks: latency 85 us, 0.91 GB/s; reaches 80% of it from 2.0 MiB; matmul ...'."""
-    from disttrain.utils.fmt import fmt_bytes
+    from disttrain.utils.fmt import fmt_bytes, fmt_rate
 
     parts = []
     for key, where in (("intra", "over {n} ranks"), ("inter", "across {n} nodes")):
@@ -367,10 +378,10 @@ def _link_text(profile: MachineProfile, measured: dict[str, LinkFit]) -> str:
             reach = fmt_bytes(f.size_for(0.8, f.nranks), 1)
             parts.append(
                 f"all-gather {where.format(n=f.nranks)}: latency {f.latency_s * 1e6:.0f} us, "
-                f"{f.bandwidth_Bps / 1e9:.2f} GB/s; reaches 80% of it from {reach}"
+                f"{fmt_rate(f.bandwidth_Bps)}; reaches 80% of it from {reach}"
             )
-            rates = ", ".join(f"{k.replace('_', '-')} {bw / 1e9:.2f}" for k, (_, bw) in sorted(f.by_kind.items()))
-            parts[-1] += f" ({rates} GB/s as rings)" if rates else ""
+            rates = ", ".join(f"{k.replace('_', '-')} {fmt_rate(bw)}" for k, (_, bw) in sorted(f.by_kind.items()))
+            parts[-1] += f" ({rates} as rings)" if rates else ""
     parts = parts or ["one rank: no link to measure"]
     per = "1 thread" if profile.device == "cpu" else "the GPU"
     flops = ", ".join(f"{k} {v:.3g}" for k, v in profile.matmul_tflops.items())

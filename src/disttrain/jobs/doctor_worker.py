@@ -2,7 +2,8 @@
 bandwidth per backend, the latency/bandwidth curves of all-gather, reduce-scatter and all-reduce over the local
 ranks (and, across nodes, over one rank per node), one thread's matmul TFLOP/s and element-wise rate, on a CPU
 the framework time per operator and FSDP2's fixed cost per unit (:mod:`disttrain.jobs.framework_probe`), across
-nodes the clocks and inter- vs intra-node bandwidth, and an RPC ping. Rank 0 writes the figures to
+nodes the clocks and inter- vs intra-node bandwidth, and the RPC link (a small call's round trip, and the rate of
+calls that carry a tensor). Rank 0 writes the figures to
 ``<out_dir>/result.json``; local rank 0 of every node writes its node's curves and compute rates to
 ``<out_dir>/machine.json`` (the launcher fits and caches them: disttrain.plan.machine)."""
 
@@ -48,9 +49,10 @@ def _bandwidth(op: str, nbytes: int, device: torch.device, iters: int = 5) -> fl
     return moved / statistics.median(times) / 1e9
 
 
-def worker(out_dir: str, machine_only: bool = False) -> None:
-    """One rank of the test: bandwidths per backend, then an RPC ping from rank 0 to the last rank;
-    ``machine_only``: only the figures the plan caches (curves, compute rates, framework costs)."""
+def worker(out_dir: str, machine_only: bool = False, rpc: bool = False) -> None:
+    """One rank of the test: bandwidths per backend, then the RPC link from rank 0 to the last rank;
+    ``machine_only``: only the figures the plan caches (curves, compute rates, framework costs; ``rpc``: and the
+    RPC link, for ``ps --plan``)."""
     import warnings
 
     from disttrain.parallel.env import backend_for
@@ -63,12 +65,13 @@ def worker(out_dir: str, machine_only: bool = False) -> None:
     dist.init_process_group(backend_for("cuda" if cuda else "cpu"), timeout=datetime.timedelta(seconds=60))
     res: dict[str, Any] = {"world": world}
     devices = [("gloo", torch.device("cpu"))] + ([("nccl", torch.device("cuda"))] if cuda else [])
+    cap = _affordable_bytes(devices[-1][1])
     for backend, dev in [] if machine_only else devices:
-        size = 64 * 2**20 if backend == "nccl" else 16 * 2**20
+        size = min(64 * 2**20 if backend == "nccl" else 16 * 2**20, cap)
         res[f"{backend}_all_reduce"] = _bandwidth("all_reduce", size, dev)
         res[f"{backend}_all_gather"] = _bandwidth("all_gather", size // world, dev)
     main = devices[-1][1]
-    across, curves = _across_nodes(main)
+    across, curves = _across_nodes(main, cap)
     res.update(across)
     if "nodes" not in across and world > 1:  # one node: the local ranks are the world (one rank: no link)
         curves["intra"] = _curves(CURVE_BYTES, main)
@@ -80,7 +83,10 @@ def worker(out_dir: str, machine_only: bool = False) -> None:
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         machine.update(_compute_rates(main))  # the other ranks wait at the barrier below
     dist.barrier()
-    res["rpc_ms"] = None if machine_only else _rpc_ping(rank, world)
+    wants_rpc = world > 1 and (rpc or not machine_only)
+    if wants_rpc and (figures := _rpc_figures(rank, world)) is not None:  # every rank joins; rank 0 measures
+        res["rpc_ms"] = figures[0]["ping_s"] * 1e3
+        machine["rpc"] = figures  # rank 0 is its node's local rank 0
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         Path(out_dir, "machine.json").write_text(json.dumps(machine))
     if rank == 0:
@@ -89,10 +95,11 @@ def worker(out_dir: str, machine_only: bool = False) -> None:
     dist.destroy_process_group()
 
 
-def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> tuple[dict[str, Any], dict[str, Any]]:
+def _across_nodes(device: torch.device, cap: int, nbytes: int = 8 * 2**20) -> tuple[dict[str, Any], dict[str, Any]]:
     """Several nodes: the clock offsets between them (each rank's wall clock read just after a barrier, the
     median of 5 rounds), all-reduce bandwidth within a node vs across nodes (local rank 0 of each), and the
-    collective curves within this node ("intra") and over one rank per node ("inter", 3 sizes)."""
+    collective curves within this node ("intra") and over one rank per node ("inter", 3 sizes); across nodes,
+    no transfer above ``cap`` bytes (:func:`_affordable_bytes`)."""
     nodes, local = int(os.environ.get("GROUP_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if nodes < 2 or dist.get_world_size() != nodes * local:
         return {}, {}
@@ -113,8 +120,8 @@ def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> tuple[dict[s
         out["intra_all_reduce"] = _group_bandwidth(intra[node], ranks_of[node], nbytes, device)
         curves["intra"] = _curves(CURVE_BYTES, device, intra[node])
     if me % local == 0:
-        out["inter_all_reduce"] = _group_bandwidth(inter, [r[0] for r in ranks_of], nbytes, device)
-        curves["inter"] = _curves(INTER_CURVE_BYTES, device, inter)
+        out["inter_all_reduce"] = _group_bandwidth(inter, [r[0] for r in ranks_of], min(nbytes, cap), device)
+        curves["inter"] = _curves(capped(INTER_CURVE_BYTES, cap), device, inter)
     dist.barrier()
     return out, curves
 
@@ -122,6 +129,23 @@ def _across_nodes(device: torch.device, nbytes: int = 8 * 2**20) -> tuple[dict[s
 CURVE_BYTES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
 """Total (unsharded) sizes of the collective curves: from latency-bound to bandwidth-bound."""
 INTER_CURVE_BYTES = (64 * 2**10, 2**20, 16 * 2**20)
+
+
+def _affordable_bytes(device: torch.device, seconds: float = 0.2) -> int:
+    """The largest all-reduce over every rank that takes about ``seconds`` on the slowest link, from one of
+    64 KiB (the slowest rank's time): the test's sizes stay within it, so a slow link (20 Mbit/s, say) takes
+    seconds to measure, not minutes. The same on every rank."""
+    probe = 64 * 2**10
+    x = torch.ones(probe // 4, dtype=torch.float32, device=device)
+    took = torch.tensor([max(_timed(lambda: dist.all_reduce(x), None, device, 1))], device=device)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return max(probe, int(probe * seconds / max(float(took), 1e-9)))
+
+
+def capped(sizes: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """``sizes`` up to ``cap``, and ``cap`` itself when that leaves fewer than two (a line needs two points)."""
+    kept = tuple(s for s in sizes if s <= cap)
+    return kept if len(kept) >= 2 else (*kept, cap) if cap not in kept else (cap // 4, cap)
 
 
 def _curves(sizes: tuple[int, ...], device: torch.device, group: Any = None, iters: int = 5) -> dict[str, Any]:
@@ -199,27 +223,58 @@ def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.de
     return nbytes / statistics.median(times) / 1e9
 
 
-def _rpc_ping(rank: int, world: int) -> float | None:
+RPC_BYTES = (64 * 2**10, 2**20)
+"""Payloads of the RPC test (after a small call's round trip): a link slower than ~10 Mbit/s stops at the first,
+which already takes 50 ms there."""
+
+
+def _rpc_figures(rank: int, world: int) -> list[dict[str, Any]] | None:
+    """Rank 0's RPC links: to the last rank (on another node when there are several) and, when several nodes
+    have several ranks each, to rank 1 (on its own node): per link, the round trip of a small call, and
+    (bytes, seconds) of calls that carry a tensor of each size one way (median of 3 after a warm-up), as a
+    parameter server's messages travel. None on the other ranks."""
     from torch.distributed import rpc
+
+    from disttrain.rpc.transport import socket_only
 
     port = [free_port("") if rank == 0 else 0]
     dist.broadcast_object_list(port, src=0)
-    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port[0]}", rpc_timeout=30)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    opts = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port[0]}",
+        rpc_timeout=60,
+        _transports=socket_only(local),  # the transports disttrain ps uses
+    )
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
-    ms = None
+    out = None
     if rank == 0:
-        peer = f"w{world - 1}"
-        rpc.rpc_sync(peer, min, args=(1, 2))
-        times = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            rpc.rpc_sync(peer, min, args=(1, 2))
-            times.append(time.perf_counter() - t0)
-        ms = statistics.median(times) * 1e3
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        peers = [(world - 1, nodes > 1)] + ([(1, False)] if nodes > 1 and local > 1 else [])
+        out = [{**_rpc_link(rpc, f"w{peer}"), "across_nodes": across} for peer, across in peers]
     rpc.shutdown()
-    return ms
+    return out
+
+
+def _rpc_link(rpc: Any, peer: str) -> dict[str, Any]:
+    def timed(args: tuple[Any, ...], n: int) -> float:
+        rpc.rpc_sync(peer, len, args=args)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            rpc.rpc_sync(peer, len, args=args)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    ping = timed(("ab",), 20)
+    points = []
+    for nbytes in RPC_BYTES:
+        took = timed((torch.ones(nbytes // 4),), 3)
+        points.append((nbytes, took))
+        if took > 0.05:  # a slow link: this point alone fixes its rate
+            break
+    return {"ping_s": ping, "points": points}
 
 
 if __name__ == "__main__":
     # run_and_exit skips interpreter teardown (rpc/gloo destructors)
-    run_and_exit(lambda: worker(sys.argv[1], machine_only=sys.argv[2:] == ["--machine-only"]))
+    run_and_exit(lambda: worker(sys.argv[1], machine_only="--machine-only" in sys.argv, rpc="--rpc" in sys.argv))

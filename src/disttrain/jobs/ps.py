@@ -27,10 +27,13 @@ def ps_run_dir(cfg: PSJobConfig) -> Path:
 
 
 def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
-    """The job; ``plan``: only print the rows and bytes each server would hold."""
+    """The job; ``plan``: only print the rows and bytes each server would hold, and the speed it will reach."""
     ps = cfg.ps
     if plan:
+        from disttrain.jobs.ps_plan import speed_plan
+
         print(render_plan(ps))
+        print(speed_plan(cfg))
         return 0
     if ps.data_path is not None and not Path(ps.data_path).is_file():
         raise ConfigError(f"ps.data_path {ps.data_path} does not exist; give a Criteo-format .tsv file")

@@ -74,7 +74,8 @@ class MachineProfile:
     matmul_tflops: dict[str, float]
     """Per compute dtype: one thread's (CPU) or the device's (GPU) square-matmul peak."""
     links: dict[str, LinkFit]
-    """``intra`` (within a node), ``inter`` (across nodes, when measured)."""
+    """``intra`` (within a node), ``inter`` (across nodes, when measured); ``rpc`` / ``rpc_inter``: the RPC link
+    within a node / across nodes (:func:`fit_rpc_link`)."""
     measured_at: str = ""
     efficiency: dict[str, float] = field(default_factory=dict)
     """Per compute dtype: the share of the matmul peak measured training steps reached."""
@@ -232,6 +233,19 @@ def fit_link(points: list[tuple[int, float]], nranks: int) -> LinkFit:
         if errs[worst] > 0.5:
             intercept, slope = _weighted_line(xs[:worst] + xs[worst + 1 :], ys[:worst] + ys[worst + 1 :])
     return LinkFit(intercept / (n - 1), 1.0 / slope, nranks, tuple(pts))
+
+
+def fit_rpc_link(figures: dict[str, Any]) -> LinkFit:
+    """The RPC link doctor measured (``{"ping_s": s, "points": [(bytes, seconds)]}``: calls carrying a tensor one
+    way): ``latency_s`` is a small call's round trip, ``bandwidth_Bps`` the one-way rate of the payload beyond
+    it (``t = ping + bytes / bandwidth``, each point's own rate, the slowest taken: a rate-limited link's
+    first bytes pass in a burst). Kept under ``rpc`` (within a node) or ``rpc_inter`` (across nodes)."""
+    ping = float(figures["ping_s"])
+    pts = [(int(b), float(t)) for b, t in figures["points"]]
+    rates = [b / (t - ping) for b, t in pts if t > ping]
+    if not rates:
+        raise ValueError(f"fit_rpc_link: no payload took longer than the round trip ({ping} s) in {pts!r}")
+    return LinkFit(ping, min(rates), 2, tuple(pts), source="measured")
 
 
 def _weighted_line(xs: list[float], ys: list[float]) -> tuple[float, float]:

@@ -34,9 +34,14 @@ class Host:
     ns: str
     addr: str
     veth: str
+    own_pids: bool = False
+    """Each command in a PID namespace of its own: TensorPipe (torch RPC) then sees other hosts' processes as
+    remote and sends tensors over the network, not by cross-memory attach, which a shared PID namespace allows
+    (and which would bypass a rate-limited link)."""
 
     def cmd(self, *args: str) -> list[str]:
-        return ["ip", "netns", "exec", self.ns, *args]
+        alone = ["unshare", "--pid", "--fork", "--kill-child"] if self.own_pids else []
+        return ["ip", "netns", "exec", self.ns, *alone, *args]
 
     def disttrain(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """The real `disttrain` command on this host, in a process group of its own (to kill it whole)."""
@@ -56,17 +61,25 @@ class Host:
     def link(self, up: bool) -> None:
         subprocess.run(self.cmd("ip", "link", "set", self.veth, "up" if up else "down"), check=True)
 
+    def limit(self, rate: str) -> None:
+        """What this host sends leaves at ``rate`` (tc's token bucket, e.g. '20mbit'), as over a slow link: a
+        burst of one packet's worth, packets waiting at most 200 ms for their turn."""
+        tbf = ["tbf", "rate", rate, "burst", "16kb", "latency", "200ms"]
+        subprocess.run(self.cmd("tc", "qdisc", "replace", "dev", self.veth, "root", *tbf), check=True)
+
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
 @contextmanager
-def two_hosts() -> Iterator[tuple[Host, Host]]:
-    """Hosts A (10.X.Y.1) and B (10.X.Y.2), removed afterwards even when the test fails."""
+def two_hosts(own_pids: bool = False) -> Iterator[tuple[Host, Host]]:
+    """Hosts A (10.X.Y.1) and B (10.X.Y.2), removed afterwards even when the test fails; ``own_pids``: see
+    :attr:`Host.own_pids`."""
     tag = os.getpid() % 100_000
     net = f"10.{200 + tag % 50}.{tag % 250}"
-    a, b = Host(f"dt{tag}a", f"{net}.1", f"dt{tag}va"), Host(f"dt{tag}b", f"{net}.2", f"dt{tag}vb")
+    a = Host(f"dt{tag}a", f"{net}.1", f"dt{tag}va", own_pids)
+    b = Host(f"dt{tag}b", f"{net}.2", f"dt{tag}vb", own_pids)
     try:
         for h in (a, b):
             _ip("netns", "add", h.ns)

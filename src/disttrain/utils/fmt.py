@@ -13,6 +13,13 @@ def fmt_bytes(n: float, digits: int = 2) -> str:
     return f"{int(n)} B"
 
 
+def fmt_rate(bytes_per_s: float) -> str:
+    """``1.26e9`` -> ``'1.26 GB/s'``, ``2.3e6`` -> ``'2.30 MB/s'`` (decimal units, as links are rated)."""
+    if bytes_per_s >= 1e8:
+        return f"{bytes_per_s / 1e9:.2f} GB/s"
+    return f"{bytes_per_s / 1e6:.2f} MB/s"
+
+
 def fmt_duration(seconds: float) -> str:
     """``75.4`` -> ``'1m15s'``, ``3700`` -> ``'1h01m'``, ``4.2`` -> ``'4s'``: an ETA or an elapsed time."""
     s = max(round(seconds), 0)

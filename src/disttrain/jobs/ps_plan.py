@@ -1,0 +1,223 @@
+"""``disttrain ps --plan``'s speed: this host's costs of one BSP step timed on the job's own samples and model
+(one thread, as each worker runs), the RPC links from doctor's cache (measured now when this host has none),
+and :func:`disttrain.ps.speed.predict`'s samples/s for the job's nodes, rendered as a few lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from disttrain.config import LaunchConfig, to_toml
+from disttrain.plan.machine import load_machine
+from disttrain.ps.bsp_step import StepRows, summed_columns, unique_columns
+from disttrain.ps.clicks import Batch, ClickLog, CriteoFile
+from disttrain.ps.config import PSJobConfig
+from disttrain.ps.model import DenseArch
+from disttrain.ps.sharding import RowSharding
+from disttrain.ps.speed import Link, StepCosts, predict
+from disttrain.ps.table import sparse_step
+from disttrain.utils.fmt import fmt_bytes, fmt_rate
+from disttrain.utils.host import free_port
+
+ARENA_ROWS = 1 << 20
+"""The most rows the timed server update touches (a server's update costs by the rows pushed, not held)."""
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_costs(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
+    """A trainer's step and a server's update on this host, and the distinct rows each trainer reads from each
+    server per step (on the job's first ``steps`` global batches). The trainer's step is the job's own code run
+    as one process (:func:`one_process_step`, less its server's update); where that fails, its pieces timed
+    here (rows gathered, forward, backward, gradients summed, Adam), which leave out the messages' handling."""
+    ps, train = cfg.ps, cfg.train
+    log: ClickLog | CriteoFile = (
+        ClickLog(list(ps.tables), ps.n_dense, seed=train.seed)
+        if ps.data_path is None
+        else CriteoFile(ps.data_path, list(ps.tables), train.eval_samples)
+    )
+    tables = list(log.tables)
+    shardings = [RowSharding(rows, ps.servers, ps.sharding) for rows in tables]
+    offsets = torch.tensor([0, *tables[:-1]]).cumsum(0)
+    local_offsets = torch.tensor([0, *[s.shard_rows(0) for s in shardings[:-1]]]).cumsum(0)
+    model = DenseArch(ps.n_dense, len(tables), ps.dim, ps.hidden)
+    opt = torch.optim.Adam(model.parameters(), lr=ps.dense_lr, fused=True)
+    arena = min(sum(tables), ARENA_ROWS)
+    weight, sum_sq = torch.zeros(arena, ps.dim), torch.zeros(arena, ps.dim)
+    rows = torch.zeros(ps.trainers, ps.servers)
+    trainer_times, server_times, alone_times = [], [], []
+    with one_thread():
+        for step in range(steps + 1):
+            t0 = time.perf_counter()
+            whole = log.batch(train.batch * ps.trainers, torch.Generator().manual_seed(train.seed * 100_003 + step))
+            parts = [_part(whole, t, train.batch) for t in range(ps.trainers)]
+            _trainer_step(model, opt, parts[0], offsets, ps.dim)
+            took = time.perf_counter() - t0
+            pushed = []
+            for t, b in enumerate(parts):
+                for i, sharding in enumerate(shardings):
+                    ids = torch.unique(b.ids[:, i])
+                    owner = sharding.owner(ids)
+                    rows[t] += torch.bincount(owner, minlength=ps.servers).float()
+                    pushed.append(sharding.local(ids[owner == 0]) + local_offsets[i])
+            server = _update_s(weight, sum_sq, torch.cat(pushed) % arena, ps.lr)  # server 0, every trainer's
+            alone = _update_s(weight, sum_sq, (parts[0].ids + offsets).reshape(-1) % arena, ps.lr)  # all, one's
+            if step:  # the first one warms up
+                trainer_times.append(took)
+                server_times.append(server)
+                alone_times.append(alone)
+    whole_step = one_process_step(cfg)
+    trainer_s = statistics.median(trainer_times)
+    if whole_step is not None:
+        trainer_s = max(trainer_s, whole_step - statistics.median(alone_times))
+    return StepCosts(
+        trainer_s=trainer_s,
+        server_s=statistics.median(server_times),
+        rows=tuple(tuple(r) for r in (rows / (steps + 1)).tolist()),
+        dense_params=sum(p.numel() for p in model.parameters()),
+        dim=ps.dim,
+        measured="the job's code in one process" if whole_step is not None else "its pieces",
+    )
+
+
+def _update_s(weight: torch.Tensor, sum_sq: torch.Tensor, rows: torch.Tensor, lr: float) -> float:
+    """Seconds of a server's update of ``rows`` (duplicates summed), then its read of them."""
+    t0 = time.perf_counter()
+    sparse_step(weight, sum_sq, rows, torch.ones(len(rows), weight.shape[1]), lr, 1e-8)
+    weight[torch.unique(rows)]
+    return time.perf_counter() - t0
+
+
+def one_process_step(cfg: PSJobConfig, steps: int = 40, timeout_s: float = 120) -> float | None:
+    """Seconds per step of the job's own worker as one process (one trainer with the whole table as its own
+    server, the job's batch, tables and data, no evaluation, checkpoint or progress line): the median of its
+    steps after the first 5. None when it fails (the plan then times the step's pieces)."""
+    one = dataclasses.replace(
+        cfg.ps, trainers=1, servers=1, colocate="on", spare_servers=0, cache_rows=0, dense="auto", overlap="auto"
+    )
+    train = dataclasses.replace(cfg.train, steps=steps, eval_interval=0, eval_samples=256, log_interval=0)
+    probe = dataclasses.replace(
+        cfg, ps=one, train=train, checkpoint=dataclasses.replace(cfg.checkpoint, interval=0), launch=LaunchConfig()
+    )
+    with tempfile.TemporaryDirectory(prefix="disttrain-ps-plan-") as tmp:
+        Path(tmp, "config.toml").write_text(to_toml(probe))
+        env = dict(
+            os.environ,
+            RANK="0",
+            WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            OMP_NUM_THREADS="1",
+        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "disttrain.jobs.ps_worker", tmp],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout_s,
+            )
+            lines = Path(tmp, "metrics.jsonl").read_text().splitlines() if done.returncode == 0 else []
+        except (subprocess.TimeoutExpired, OSError):
+            return None
+    rates = [json.loads(x)["samples_per_s"] for x in lines if '"samples_per_s"' in x][5:]
+    return cfg.train.batch / statistics.median(rates) if rates else None
+
+
+def _part(b: Batch, t: int, batch: int) -> Batch:
+    part = slice(t * batch, (t + 1) * batch)
+    return Batch(b.dense[part], b.ids[part], b.label[part])
+
+
+def _trainer_step(model: DenseArch, opt: torch.optim.Optimizer, b: Batch, offsets: torch.Tensor, dim: int) -> None:
+    """What a BSP trainer computes in a step (as :class:`disttrain.ps.trainer.PSTrainer` does it)."""
+    uniq, inverse = unique_columns(b.ids, offsets)
+    rows = StepRows(uniq, inverse, [torch.zeros(len(u), dim) for u in uniq])
+    embs = rows.embeddings().requires_grad_()
+    loss = F.binary_cross_entropy_with_logits(model(b.dense, embs), b.label)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    assert embs.grad is not None
+    summed_columns(embs.grad, inverse, [len(u) for u in uniq])
+    parameters_to_vector([p.grad for p in model.parameters() if p.grad is not None])
+    opt.step()
+
+
+def rpc_links(nnodes: int) -> tuple[dict[str, Link], list[str]]:
+    """The links a prediction reads from this host's doctor figures (measuring the RPC link now when it has
+    none), and a line per link saying where its figures come from."""
+    prof = load_machine()
+    if prof is None or "rpc" not in prof.links:
+        from disttrain.jobs.doctor import measure_machine
+
+        print(f"disttrain: {measure_machine(2, rpc=True)}", file=sys.stderr, flush=True)
+        prof = load_machine()
+    links: dict[str, Link] = {}
+    notes = []
+    for name, what in (("rpc", "within a node"), ("rpc_inter", "across nodes"), ("intra", ""), ("inter", "")):
+        fit = prof.links.get(name) if prof is not None else None
+        if fit is not None:
+            links[name] = (fit.latency_s, fit.bandwidth_Bps)
+            if what and (name == "rpc" or nnodes > 1):
+                notes.append(f"rpc {what}: {fit.latency_s * 1e3:.2f} ms round trip, {fmt_rate(fit.bandwidth_Bps)}")
+    if "rpc" not in links:
+        links["rpc"] = (2e-4, 1e9)
+        notes.append("rpc within a node: not measured (`disttrain doctor` failed here); assumed 0.2 ms, 1 GB/s")
+    if nnodes > 1 and "rpc_inter" not in links:
+        notes.append(
+            "rpc across nodes: not measured, taken as within a node (an upper bound): run `disttrain doctor "
+            f"--launch.nnodes {nnodes} ...` on the nodes, then plan again"
+        )
+    return links, notes
+
+
+def speed_plan(cfg: PSJobConfig) -> str:
+    """The lines ``ps --plan`` prints about speed."""
+    ps = cfg.ps
+    if ps.mode != "bsp":
+        return f"speed: predicted for bsp steps only (this job runs {ps.mode}: trainers do not move in steps)"
+    nnodes = int(cfg.launch.nnodes.split(":")[-1])
+    links, notes = rpc_links(nnodes)
+    costs = measure_costs(cfg)
+    cores = os.cpu_count() or 1
+    p = predict(cfg, costs, links, nnodes, cores)
+    how = "overlapped" if ps.overlapped else "plain"
+    where = f"{ps.processes} processes on {nnodes} node(s) of {cores} cores"
+    return "\n".join(
+        [
+            f"speed (bsp, {how} steps, {where}): ~{p.samples_per_s:,.0f} samples/s predicted "
+            f"(step {p.step_s * 1e3:.2f} ms, set by {p.bound})",
+            f"  compute: a trainer's step {costs.trainer_s * 1e3:.2f} ms and a server's update "
+            f"{costs.server_s * 1e3:.2f} ms (timed now: {costs.measured}, one thread); the busiest process "
+            f"{p.cpu_s * 1e3:.2f} ms of CPU per step",
+            f"  messages: {p.messages_s * 1e3:.2f} ms per step ({fmt_bytes(p.bytes_per_step)} per step, "
+            f"{fmt_bytes(p.cross_bytes)} across nodes)",
+            *[f"  {n}" for n in notes],
+            f"  within {ERROR:.0%} where the links were measured (checked on two hosts over a rate-limited link)",
+        ]
+    )
+
+
+ERROR = 0.3
+"""The prediction's stated error, as tests/multinode and the benchmark check it."""
