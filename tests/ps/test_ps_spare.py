@@ -93,3 +93,25 @@ def test_spares_need_checkpoints_bsp_and_servers_of_their_own(tmp_path: Path) ->
     assert no_ckpt.returncode == 2 and "give --checkpoint.interval N" in no_ckpt.stderr, no_ckpt.stderr
     assert colocated.returncode == 2 and "servers of their own (--ps.colocate off)" in colocated.stderr
     assert "Traceback" not in no_ckpt.stderr + colocated.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_asp_trainer_killed_mid_run_leaves_the_others_training_and_the_run_folder_names_it(tmp_path: Path) -> None:
+    asp = [*JOB[: JOB.index("--ps.spare-servers")], "--ps.mode", "asp", "--ps.colocate", "off"]
+    asp += ["--train.batch", "64", "--train.steps", "60", "--train.eval-interval", "0", "--train.eval-samples", "2000"]
+    # trainer1 (rank 1) dies as its step 10 starts; trainer 0 takes 50 ms a step from step 12 on (time to notice)
+    kill = {"DISTTRAIN_FAULT": "ps_trainer_kill:10:1,ps_slow:12:0"}
+    run = disttrain("ps", *asp, "--run.root", str(tmp_path), "--run.name", "asp", env=kill, timeout=200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trainer1 (rank 1) exited with code -9; asp: the other trainers go on" in run.stderr, run.stderr
+    assert "lost trainer(s) 1: the others went on" in run.stdout, run.stdout
+    folder = tmp_path / "asp"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["trainers_lost"] == [1] and summary["final"]["step"] == 60, summary
+    events = [json.loads(x) for x in (folder / "health" / "events.jsonl").read_text().splitlines()]
+    assert [e["rank"] for e in events if e["event"] == "ps_trainer_lost"] == [1], events
+    metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 60  # trainer 0 went on to the end
+    # trainer 0 ran ahead of the dead trainer's last clock until server 0 left it out of the clocks
+    assert max(r["staleness"] for r in metrics) > 0 and metrics[-1]["staleness"] == 0, metrics

@@ -115,6 +115,7 @@ class HealthMonitor:
         self._verdict_once = threading.Lock()
         self._file_beat: Heartbeat | None = None
         self._deferred_since: float | None = None
+        self.left: set[int] = set()  # ranks gone for good while the others go on (an asp trainer)
 
     # ---- training-thread hooks (cheap) ----
     def phase(self, name: str) -> None:
@@ -250,14 +251,19 @@ class HealthMonitor:
         if to_file or final:
             write_state(self.run_dir, self.rank, beat)  # keeps an exit reason (a hang verdict's) recorded first
 
+    def leave_out(self, rank: int) -> None:
+        """Rank ``rank`` is gone for good and the job goes on without it: the watchdog stops waiting for it."""
+        self.left.add(rank)
+
     def _watch(self) -> None:
-        keys = [f"hb/{r}" for r in range(self.world)]
+        ranks = [r for r in range(self.world) if r not in self.left]
+        keys = [f"hb/{r}" for r in ranks]
         if not self._store.check(keys):
             return
         now = time.perf_counter()
         beats: dict[int, dict[str, Any]] = {}
         idle: dict[int, float] = {}
-        for r, raw in enumerate(self._store.multi_get(keys)):
+        for r, raw in zip(ranks, self._store.multi_get(keys), strict=True):
             hb = json.loads(raw)
             prev = self._seen.get(r)
             if prev is None or prev[0] != raw:

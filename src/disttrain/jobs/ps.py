@@ -3,11 +3,14 @@ servers as one torchrun job on this node."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch.distributed as dist
 
 from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
@@ -18,6 +21,7 @@ from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSJobConfig
 from disttrain.ps.plan import render_plan
+from disttrain.ps.trainer import LOST_KEY
 
 
 def ps_run_dir(cfg: PSJobConfig) -> Path:
@@ -47,8 +51,8 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
         flush=True,
     )
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TensorPipe's warnings repeat what the trainers say
-    if ps.spare_servers:
-        return launch_with_spares(cfg, run_dir)
+    if ps.watched:
+        return launch_watched(cfg, run_dir)
     argv = torchrun_argv(nproc, cfg.launch, log_dir=run_dir / "logs")
 
     def name(rank: int) -> str:
@@ -75,49 +79,72 @@ def ps_procs_per_node(cfg: PSJobConfig) -> int:
     return total // nodes
 
 
-def launch_with_spares(cfg: PSJobConfig, run_dir: Path) -> int:
+def launch_watched(cfg: PSJobConfig, run_dir: Path) -> int:
     """The processes started and watched here (:mod:`disttrain.launch.direct`), not by torchrun, whose agent
-    would end every process when a server dies: the trainers hand a dead server's shard to a spare and go on."""
+    would end every process when one dies: the trainers hand a dead server's shard to a spare, and under asp
+    the trainers go on without a dead one."""
     ps, launch = cfg.ps, cfg.launch
     what = f"disttrain ps runs {ps.processes} processes ({ps.trainers} trainers + {ps.servers} servers + spares)"
     ranks, host, port = node_ranks(ps.processes, launch.nnodes, launch.node_rank, launch.rdzv_endpoint or "", what)
     procs = {
         r: start("disttrain.jobs.ps_worker", r, ps.processes, host, port, run_dir, launch.node_rank) for r in ranks
     }
-    return run_watched(procs, cfg.health, run_dir, launch.node_rank, lambda: watch_servers(cfg, procs, run_dir))
+    watch = ProcessWatch(cfg, procs, run_dir, (host, port))
+    return run_watched(procs, cfg.health, run_dir, launch.node_rank, watch.run)
 
 
-def watch_servers(cfg: PSJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
-    """Until this node's trainers end: a server that dies is named (the trainers replace it); a trainer that
-    fails ends the job."""
-    ps, reported = cfg.ps, set()
-    trainers = [r for r in procs if r < ps.trainers]
-    while True:
-        time.sleep(0.2)
-        for r, p in procs.items():
-            code = p.poll()
-            if code in (None, 0) or r in reported:
-                continue
-            reported.add(r)
-            log = run_dir / "logs" / f"rank{r}.log"
-            if r < ps.trainers:
-                log_event(run_dir, "ps_trainer_died", rank=r, exit_code=code)
-                print(
-                    f"disttrain ps: trainer{r} (rank {r}) exited with code {code}; the job ends (log: {log})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return 1
-            log_event(run_dir, "ps_server_died", rank=r, role=ps.role(r), exit_code=code)
-            print(
-                f"disttrain ps: {ps.role(r)} (rank {r}) exited with code {code}; a spare takes its shard (log: {log})",
-                file=sys.stderr,
-                flush=True,
-            )
-        if trainers and all(procs[r].poll() is not None for r in trainers):
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
-                time.sleep(0.1)
-            return 0
-        if not trainers and all(p.poll() is not None for p in procs.values()):
-            return 0
+class ProcessWatch:
+    """Until this node's trainers end: a server that dies is named (the trainers replace it); an asp trainer
+    that dies (not trainer 0) is named and left behind, the store told (the trainers' clocks and watchdog
+    leave it out); any other trainer that fails ends the job."""
+
+    def __init__(
+        self, cfg: PSJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, store_at: tuple[str, int]
+    ) -> None:
+        self.cfg, self.procs, self.run_dir, self.store_at = cfg, procs, run_dir, store_at
+        self.reported: set[int] = set()
+
+    def run(self) -> int:
+        ps, procs = self.cfg.ps, self.procs
+        trainers = [r for r in procs if r < ps.trainers]
+        while True:
+            time.sleep(0.2)
+            for r, p in procs.items():
+                code = p.poll()
+                if code in (None, 0) or r in self.reported:
+                    continue
+                self.reported.add(r)
+                if not self.lost(r, code):
+                    return 1
+            if trainers and all(procs[r].poll() is not None for r in trainers):
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+                    time.sleep(0.1)
+                return 0
+            if not trainers and all(p.poll() is not None for p in procs.values()):
+                return 0
+
+    def lost(self, r: int, code: int) -> bool:
+        """Process ``r`` exited with ``code``: named, logged; whether the job goes on without it."""
+        ps, log = self.cfg.ps, self.run_dir / "logs" / f"rank{r}.log"
+        if r >= ps.trainers:
+            log_event(self.run_dir, "ps_server_died", rank=r, role=ps.role(r), exit_code=code)
+            self.say(f"{ps.role(r)} (rank {r}) exited with code {code}; a spare takes its shard (log: {log})")
+            return True
+        if r > 0 and ps.outlives_trainers:
+            log_event(self.run_dir, "ps_trainer_lost", rank=r, exit_code=code)
+            gone = f"trainer{r} (rank {r}) exited with code {code}"
+            self.say(f"{gone}; asp: the other trainers go on without its samples (log: {log})")
+            host, port = self.store_at
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+            store.set(LOST_KEY.format(rank=r), str(code))
+            return True
+        log_event(self.run_dir, "ps_trainer_died", rank=r, exit_code=code)
+        go_on = " (with --ps.colocate off, an asp trainer other than trainer 0 may die and the others go on)"
+        why = go_on if r > 0 and ps.mode == "asp" else ""
+        self.say(f"trainer{r} (rank {r}) exited with code {code}; the job ends{why} (log: {log})")
+        return False
+
+    @staticmethod
+    def say(line: str) -> None:
+        print(f"disttrain ps: {line}", file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ from disttrain.health.monitor import HealthMonitor
 from disttrain.ps import checkpoint as ps_checkpoint
 from disttrain.ps import server
 from disttrain.ps.config import PSJobConfig
-from disttrain.ps.trainer import PSResult, PSTrainer
+from disttrain.ps.trainer import LOST_KEY, PSResult, PSTrainer
 from disttrain.rpc import transport
 from disttrain.testing.faults import install_if_requested
 from disttrain.utils import hooks
@@ -91,14 +91,14 @@ def main(argv: list[str]) -> int:
     transport.init(me, rank, world, timeout_s=cfg.ps.rpc_timeout_s)
     if rank < cfg.ps.trainers:
         holders = train(cfg, rank, servers, run_dir)
-        if cfg.ps.spare_servers:
-            leave_with_spares(cfg, rank, holders)
+        if cfg.ps.watched:
+            leave_watched(cfg, rank, holders)
         else:
             transport.shutdown()  # colocated: serves until every trainer is done
         return 0
     with ProgressBeat(run_dir, rank, me, cfg.health) as beat:  # a server: the launcher names it if it freezes
         remove = hooks.on("ps_update", lambda step, _rank: beat.progress(step))
-        if cfg.ps.spare_servers:
+        if cfg.ps.watched:
             serve_until_done()
             transport.shutdown(graceful=False, peers=[0])
         else:
@@ -110,19 +110,28 @@ def main(argv: list[str]) -> int:
 DONE_KEY = "ps/done"
 
 
-def leave_with_spares(cfg: PSJobConfig, rank: int, holders: list[str]) -> None:
-    """A job with spare servers may have lost a process, which a graceful RPC shutdown (a barrier over every
-    worker) would wait for: the trainers say they are done in the store, trainer 0 tells the servers and
-    spares to leave, and leaves after every live process has."""
+def leave_watched(cfg: PSJobConfig, rank: int, holders: list[str]) -> None:
+    """A watched job (spare servers, asp trainers that may die) may have lost a process, which a graceful RPC
+    shutdown (a barrier over every worker) would wait for: the trainers say they are done in the store,
+    trainer 0 waits for every trainer that is done or lost, tells the servers and spares to leave, and leaves
+    after every live process has."""
     store = transport.store()
     store.set(f"ps/trainer-done/{rank}", "1")
     if rank != 0:
         transport.shutdown(graceful=False, peers=[0])
         return
-    store.wait([f"ps/trainer-done/{r}" for r in range(cfg.ps.trainers)])
+    waiting = set(range(cfg.ps.trainers))
+    while waiting:
+        waiting = {
+            r
+            for r in waiting
+            if not store.check([f"ps/trainer-done/{r}"]) and not store.check([LOST_KEY.format(rank=r)])
+        }
+        time.sleep(0.05 if waiting else 0)
     store.set(DONE_KEY, "1")
+    lost = [r for r in range(cfg.ps.trainers) if store.check([LOST_KEY.format(rank=r)])]
     dead = [cfg.ps.server_rank(k) for k in range(cfg.ps.servers) if f"server{k}" not in holders]
-    transport.shutdown(graceful=False, peers=[r for r in range(cfg.ps.processes) if r not in dead])
+    transport.shutdown(graceful=False, peers=[r for r in range(cfg.ps.processes) if r not in dead + lost])
 
 
 def serve_until_done() -> None:
@@ -157,13 +166,15 @@ def train(cfg: PSJobConfig, rank: int, servers: list[str], run_dir: Path) -> lis
         server_down(cfg, rank, run_dir, e)
     health.close()
     if rank == 0:
-        write_summary(cfg, run_dir, res)
+        trainer.notice_lost(at_once=True)
+        write_summary(cfg, run_dir, res, trainer.lost)
     if group is not None:
         dist.destroy_process_group()
     return trainer.servers
 
 
-def write_summary(cfg: PSJobConfig, run_dir: Path, res: PSResult) -> None:
+def write_summary(cfg: PSJobConfig, run_dir: Path, res: PSResult, lost: list[int]) -> None:
+    """``summary.json`` and the last line; ``lost``: the asp trainers that died while the others went on."""
     stats = transport.call("server0", server.push_stats) if cfg.ps.mode != "bsp" else {}
     summary = {
         "config": to_dict(cfg),
@@ -174,11 +185,13 @@ def write_summary(cfg: PSJobConfig, run_dir: Path, res: PSResult) -> None:
         "final_loss": res.losses[-1],
         "max_staleness": max(res.staleness, default=0),
         "server0_pushes": stats,
+        "trainers_lost": lost,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    gone = f" | lost trainer(s) {', '.join(map(str, lost))}: the others went on" if lost else ""
     print(
         f"done: {cfg.train.steps} steps, {res.samples_per_s:,.0f} samples/s, AUC {res.evals[-1]['auc']:.4f} "
-        f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}) | run folder: {run_dir}",
+        f"(ceiling {res.evals[-1]['ceiling_auc']:.4f}){gone} | run folder: {run_dir}",
         flush=True,
     )
 

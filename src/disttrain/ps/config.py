@@ -96,6 +96,18 @@ class PSConfig:
         return self.colocate == "on" or (self.colocate == "auto" and auto)
 
     @property
+    def outlives_trainers(self) -> bool:
+        """asp with servers of their own: a trainer (other than trainer 0, which reports) that dies leaves the
+        others training without its samples; colocated, its process held a shard too."""
+        return self.mode == "asp" and not self.colocated and self.trainers > 1
+
+    @property
+    def watched(self) -> bool:
+        """Started and watched by the command itself, not torchrun (whose agent ends every process when one
+        dies): a dead server is replaced by a spare, a dead asp trainer is left behind."""
+        return self.spare_servers > 0 or self.outlives_trainers
+
+    @property
     def processes(self) -> int:
         """The job's processes: trainers, then the servers of their own, then the spares."""
         return self.trainers if self.colocated else self.trainers + self.servers + self.spare_servers

@@ -62,8 +62,18 @@ _CLOCKS: dict[int, int] = {}
 _WAITERS: list[tuple[int, Future[int]]] = []
 
 
+_GONE: set[int] = set()
+
+
 def _slowest(n: int) -> int:
-    return min(_CLOCKS.get(t, 0) for t in range(n))
+    live = [_CLOCKS.get(t, 0) for t in range(n) if t not in _GONE]
+    return min(live) if live else max(_CLOCKS.values(), default=0)
+
+
+def retire(trainer: int) -> None:
+    """Trainer ``trainer`` is gone (asp: its process died and the others go on): the clocks leave it out."""
+    with _LOCK:
+        _GONE.add(trainer)
 
 
 def tick(trainer: int, clock: int, n: int) -> int:

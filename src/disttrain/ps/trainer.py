@@ -34,6 +34,9 @@ from disttrain.ps.model import DenseArch
 from disttrain.rpc import transport
 from disttrain.utils import hooks
 
+LOST_KEY = "ps/lost/{rank}"
+"""Set in the job's store by the launcher when trainer ``rank`` died and the others go on (asp)."""
+
 
 @dataclass
 class PSResult:
@@ -89,6 +92,8 @@ class PSTrainer:
         self.loop = BspLoop(self, self.bsp, ps.overlapped) if self.bsp is not None else None
         self.counts_loaded = False
         self.spares = [f"spare{i}" for i in range(ps.spare_servers)]
+        self.lost: list[int] = []  # asp: trainers that died while the others went on
+        self._lost_checked = 0.0
         self.opt = torch.optim.Adam(self.model.parameters(), lr=ps.dense_lr, fused=True)
         self.eval_batch = self.log.held_out(train.eval_samples, train.seed)
 
@@ -117,6 +122,22 @@ class PSTrainer:
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return self.group_tables.pull(ids)
 
+    def notice_lost(self, at_once: bool = False) -> None:
+        """asp, trainer 0: the trainers the launcher found dead (:data:`LOST_KEY` in the store) leave server 0's
+        clocks and the watchdog, and the summary names them; looked for at most once a second (``at_once``:
+        now)."""
+        now = time.monotonic()
+        if self.rank != 0 or not self.cfg.outlives_trainers or (now < self._lost_checked + 1.0 and not at_once):
+            return
+        self._lost_checked = now
+        store = transport.store()
+        for r in range(1, self.cfg.trainers):
+            if r not in self.lost and store.check([LOST_KEY.format(rank=r)]):
+                self.lost.append(r)
+                transport.call(self.servers[0], server.retire, r)
+                if self.health is not None:
+                    self.health.leave_out(r)
+
     def wait_turn(self, step: int) -> int:
         """ssp: wait until the slowest trainer is at most ``staleness`` steps behind; how far behind it was."""
         cfg = self.cfg
@@ -139,6 +160,7 @@ class PSTrainer:
             return self.loop.step(step)
         cfg = self.cfg
         self.phase("data")
+        self.notice_lost()
         self.staleness.append(self.wait_turn(step))
         hooks.fire("ps_step", step, self.rank)
         b = self.my_batch(step)

@@ -19,6 +19,7 @@ slow                   from step k on, rank r takes 3x its CPU time per step (a 
 nan                    the loss of step k on rank r is NaN (once per process)
 ps_slow                parameter-server trainer r sleeps 50 ms per step from step k on
 ps_server_kill         SIGKILL the server of rank r as it applies update k of a table
+ps_trainer_kill        SIGKILL parameter-server trainer r as its step k starts
 ps_server_hang         the server of rank r stops answering at update k of a table
 rl_actor_kill          SIGKILL the RL actor of rank r after its chunk k
 rl_learner_kill        SIGKILL the RL learner (rank 0) after its update k
@@ -68,6 +69,7 @@ KILLS: dict[str, hooks.EventPoint] = {
     "after_shards": "save_written",
     "before_marker": "save_commit",
     "ps_server_kill": "ps_update",
+    "ps_trainer_kill": "ps_step",
     "rl_actor_kill": "actor_chunk",
     "rl_learner_kill": "learner_update",
 }
