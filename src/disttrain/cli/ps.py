@@ -9,7 +9,11 @@ SUMMARY = """A click-through-rate model (embedding tables + an MLP) trained by t
 servers on torch.distributed.rpc: bsp (equals one process on the combined batch), ssp or asp."""
 
 FLAGS = (
-    Flag("--plan", "print the rows and bytes each server holds and whether they fit this host's memory, then stop"),
+    Flag(
+        "--plan",
+        "print the rows and bytes each server holds, whether they fit this host's memory, and the samples/s the "
+        "job will reach (on --launch.nnodes hosts), then stop",
+    ),
 )
 
 

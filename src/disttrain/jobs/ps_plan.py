@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,6 @@ from disttrain.ps.sharding import RowSharding
 from disttrain.ps.speed import Link, StepCosts, predict
 from disttrain.ps.table import sparse_step
 from disttrain.utils.fmt import fmt_bytes, fmt_rate
-from disttrain.utils.host import free_port
 
 ARENA_ROWS = 1 << 20
 """The most rows the timed server update touches (a server's update costs by the rows pushed, not held)."""
@@ -46,7 +46,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def measure_costs(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
+def measure_costs(cfg: PSJobConfig, links: dict[str, Link], steps: int = 10) -> StepCosts:
     """A trainer's step and a server's update on this host, and the distinct rows each trainer reads from each
     server per step (on the job's first ``steps`` global batches). The trainer's step is the job's own code run
     as one process (:func:`one_process_step`, less its server's update); where that fails, its pieces timed
@@ -91,7 +91,7 @@ def measure_costs(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
     trainer_s = statistics.median(trainer_times)
     if whole_step is not None:
         trainer_s = max(trainer_s, whole_step - statistics.median(alone_times))
-    return StepCosts(
+    costs = StepCosts(
         trainer_s=trainer_s,
         server_s=statistics.median(server_times),
         rows=tuple(tuple(r) for r in (rows / (steps + 1)).tolist()),
@@ -99,6 +99,7 @@ def measure_costs(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
         dim=ps.dim,
         measured="the job's code in one process" if whole_step is not None else "its pieces",
     )
+    return dataclasses.replace(costs, message_cpu_s=message_cpu(cfg, costs, links))
 
 
 def _update_s(weight: torch.Tensor, sum_sq: torch.Tensor, rows: torch.Tensor, lr: float) -> float:
@@ -109,40 +110,60 @@ def _update_s(weight: torch.Tensor, sum_sq: torch.Tensor, rows: torch.Tensor, lr
     return time.perf_counter() - t0
 
 
-def one_process_step(cfg: PSJobConfig, steps: int = 40, timeout_s: float = 120) -> float | None:
-    """Seconds per step of the job's own worker as one process (one trainer with the whole table as its own
-    server, the job's batch, tables and data, no evaluation, checkpoint or progress line): the median of its
-    steps after the first 5. None when it fails (the plan then times the step's pieces)."""
-    one = dataclasses.replace(
-        cfg.ps, trainers=1, servers=1, colocate="on", spare_servers=0, cache_rows=0, dense="auto", overlap="auto"
-    )
+def probe_config(cfg: PSJobConfig, steps: int, **ps: Any) -> PSJobConfig:
+    """``cfg`` for a short timed run on this host: ``steps`` steps, no evaluation, checkpoint or progress line,
+    one node; ``ps``: [ps] fields changed."""
     train = dataclasses.replace(cfg.train, steps=steps, eval_interval=0, eval_samples=256, log_interval=0)
-    probe = dataclasses.replace(
-        cfg, ps=one, train=train, checkpoint=dataclasses.replace(cfg.checkpoint, interval=0), launch=LaunchConfig()
+    return dataclasses.replace(
+        cfg,
+        ps=dataclasses.replace(cfg.ps, **ps),
+        train=train,
+        checkpoint=dataclasses.replace(cfg.checkpoint, interval=0),
+        launch=LaunchConfig(),
     )
+
+
+def step_of_run(cfg: PSJobConfig, timeout_s: float = 120) -> float | None:
+    """Seconds per step of ``cfg`` (a :func:`probe_config`) run here as ``disttrain ps`` runs it: the median of
+    its steps after the first 5. None when it fails (the plan then does without it)."""
     with tempfile.TemporaryDirectory(prefix="disttrain-ps-plan-") as tmp:
-        Path(tmp, "config.toml").write_text(to_toml(probe))
-        env = dict(
-            os.environ,
-            RANK="0",
-            WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
-            OMP_NUM_THREADS="1",
-        )
+        run = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=tmp, name="probe"))
+        Path(tmp, "job.toml").write_text(to_toml(run))
+        cli = "import sys; from disttrain.cli import main; sys.exit(main(sys.argv[1:]))"
+        argv = [sys.executable, "-c", cli, "ps", "--config", str(Path(tmp, "job.toml"))]
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "disttrain.jobs.ps_worker", tmp],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=timeout_s,
-            )
-            lines = Path(tmp, "metrics.jsonl").read_text().splitlines() if done.returncode == 0 else []
+            done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s)
+            metrics = Path(tmp, "probe", "metrics.jsonl")
+            lines = metrics.read_text().splitlines() if done.returncode == 0 and metrics.is_file() else []
         except (subprocess.TimeoutExpired, OSError):
             return None
     rates = [json.loads(x)["samples_per_s"] for x in lines if '"samples_per_s"' in x][5:]
-    return cfg.train.batch / statistics.median(rates) if rates else None
+    return cfg.ps.trainers * cfg.train.batch / statistics.median(rates) if rates else None
+
+
+def one_process_step(cfg: PSJobConfig, steps: int = 30) -> float | None:
+    """Seconds per step of the job's own code as one process: one trainer with the whole table as its own
+    server (the job's batch, tables and data)."""
+    one = {"trainers": 1, "servers": 1, "colocate": "on", "spare_servers": 0, "cache_rows": 0}
+    return step_of_run(probe_config(cfg, steps, **one, dense="auto", overlap="auto"))
+
+
+def message_cpu(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], steps: int = 30) -> float:
+    """A remote message's CPU at each end as the job's processes spend it here (RPC's threads beside the
+    trainer's, on the same cores): the value that makes the model's one-host step equal the job's own, run here
+    on one node for ``steps`` steps; 0 when the job has no message between processes or the run fails."""
+    ps = cfg.ps
+    if ps.processes < 2 or (ps.colocated and ps.servers == 1):
+        return 0.0
+    here = step_of_run(probe_config(cfg, steps))
+    if here is None:
+        return 0.0
+    low, high = 0.0, here
+    for _ in range(40):  # the step grows with the messages' CPU: bisect for the measured one
+        mid = (low + high) / 2
+        step = predict(cfg, dataclasses.replace(costs, message_cpu_s=mid), links, 1, os.cpu_count() or 1).step_s
+        low, high = (mid, high) if step < here else (low, mid)
+    return low
 
 
 def _part(b: Batch, t: int, batch: int) -> Batch:
@@ -199,7 +220,7 @@ def speed_plan(cfg: PSJobConfig) -> str:
         return f"speed: predicted for bsp steps only (this job runs {ps.mode}: trainers do not move in steps)"
     nnodes = int(cfg.launch.nnodes.split(":")[-1])
     links, notes = rpc_links(nnodes)
-    costs = measure_costs(cfg)
+    costs = measure_costs(cfg, links)
     cores = os.cpu_count() or 1
     p = predict(cfg, costs, links, nnodes, cores)
     how = "overlapped" if ps.overlapped else "plain"
@@ -212,11 +233,17 @@ def speed_plan(cfg: PSJobConfig) -> str:
             f"{costs.server_s * 1e3:.2f} ms (timed now: {costs.measured}, one thread); the busiest process "
             f"{p.cpu_s * 1e3:.2f} ms of CPU per step",
             f"  messages: {p.messages_s * 1e3:.2f} ms per step ({fmt_bytes(p.bytes_per_step)} per step, "
-            f"{fmt_bytes(p.cross_bytes)} across nodes)",
+            f"{fmt_bytes(p.cross_bytes)} across nodes){_message_cpu(costs)}",
             *[f"  {n}" for n in notes],
             f"  within {ERROR:.0%} where the links were measured (checked on two hosts over a rate-limited link)",
         ]
     )
+
+
+def _message_cpu(costs: StepCosts) -> str:
+    if not costs.message_cpu_s:
+        return ""
+    return f"; {costs.message_cpu_s * 1e3:.2f} ms of CPU at each end of one (the job run here on one node)"
 
 
 ERROR = 0.3

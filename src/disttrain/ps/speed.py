@@ -45,6 +45,9 @@ class StepCosts:
     dim: int
     measured: str = ""
     """How the trainer's step was timed, for the plan's line."""
+    message_cpu_s: float = 0.0
+    """A remote message's CPU at each end, as the job's own processes spend it on this host (0: half the round
+    trip of a small call within a node, as doctor measured it)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ def predict(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nnodes: 
     flow = traffic(cfg, costs, links, per)
     messages_s = messages_time(cfg, costs, links, nnodes, flow)
     share = max(1.0, per / cores)  # more processes than cores on a node: they take turns
-    end = links["rpc"][0] / 2  # a message's CPU at each end: half a round trip within a node, where it is all CPU
+    end = costs.message_cpu_s or links["rpc"][0] / 2  # a message's CPU at each end
     remote = ps.servers - 1 if ps.colocated else ps.servers  # messages a trainer sends (and a server answers)
     trainer_cpu = (costs.trainer_s + remote * end) * share
     server_cpu = (costs.server_s + (ps.trainers - (1 if ps.colocated else 0)) * end) * share
