@@ -46,11 +46,16 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def measure_costs(cfg: PSJobConfig, links: dict[str, Link], steps: int = 10) -> StepCosts:
-    """A trainer's step and a server's update on this host, and the distinct rows each trainer reads from each
-    server per step (on the job's first ``steps`` global batches). The trainer's step is the job's own code run
-    as one process (:func:`one_process_step`, less its server's update); where that fails, its pieces timed
-    here (rows gathered, forward, backward, gradients summed, Adam), which leave out the messages' handling."""
+def measure_costs(cfg: PSJobConfig, links: dict[str, Link]) -> StepCosts:
+    """What a step costs on this host: its pieces timed here (:func:`timed_pieces`), then calibrated on the job
+    itself run here (:func:`calibrated`)."""
+    return calibrated(cfg, timed_pieces(cfg), links)
+
+
+def timed_pieces(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
+    """A trainer's step (rows gathered, forward, backward, gradients summed per row, Adam: what the job's code
+    does beside its messages) and server 0's update, timed on one thread on the job's first ``steps`` global
+    batches (medians, after a warm-up step), and the distinct rows each trainer reads from each server."""
     ps, train = cfg.ps, cfg.train
     log: ClickLog | CriteoFile = (
         ClickLog(list(ps.tables), ps.n_dense, seed=train.seed)
@@ -66,7 +71,7 @@ def measure_costs(cfg: PSJobConfig, links: dict[str, Link], steps: int = 10) -> 
     arena = min(sum(tables), ARENA_ROWS)
     weight, sum_sq = torch.zeros(arena, ps.dim), torch.zeros(arena, ps.dim)
     rows = torch.zeros(ps.trainers, ps.servers)
-    trainer_times, server_times, alone_times = [], [], []
+    trainer_times, server_times = [], []
     with one_thread():
         for step in range(steps + 1):
             t0 = time.perf_counter()
@@ -82,24 +87,17 @@ def measure_costs(cfg: PSJobConfig, links: dict[str, Link], steps: int = 10) -> 
                     rows[t] += torch.bincount(owner, minlength=ps.servers).float()
                     pushed.append(sharding.local(ids[owner == 0]) + local_offsets[i])
             server = _update_s(weight, sum_sq, torch.cat(pushed) % arena, ps.lr)  # server 0, every trainer's
-            alone = _update_s(weight, sum_sq, (parts[0].ids + offsets).reshape(-1) % arena, ps.lr)  # all, one's
             if step:  # the first one warms up
                 trainer_times.append(took)
                 server_times.append(server)
-                alone_times.append(alone)
-    whole_step = one_process_step(cfg)
-    trainer_s = statistics.median(trainer_times)
-    if whole_step is not None:
-        trainer_s = max(trainer_s, whole_step - statistics.median(alone_times))
-    costs = StepCosts(
-        trainer_s=trainer_s,
+    return StepCosts(
+        trainer_s=statistics.median(trainer_times),
         server_s=statistics.median(server_times),
         rows=tuple(tuple(r) for r in (rows / (steps + 1)).tolist()),
         dense_params=sum(p.numel() for p in model.parameters()),
         dim=ps.dim,
-        measured="the job's code in one process" if whole_step is not None else "its pieces",
+        measured="its pieces",
     )
-    return dataclasses.replace(costs, message_cpu_s=message_cpu(cfg, costs, links))
 
 
 def _update_s(weight: torch.Tensor, sum_sq: torch.Tensor, rows: torch.Tensor, lr: float) -> float:
@@ -141,29 +139,25 @@ def step_of_run(cfg: PSJobConfig, timeout_s: float = 120) -> float | None:
     return cfg.ps.trainers * cfg.train.batch / statistics.median(rates) if rates else None
 
 
-def one_process_step(cfg: PSJobConfig, steps: int = 30) -> float | None:
-    """Seconds per step of the job's own code as one process: one trainer with the whole table as its own
-    server (the job's batch, tables and data)."""
-    one = {"trainers": 1, "servers": 1, "colocate": "on", "spare_servers": 0, "cache_rows": 0}
-    return step_of_run(probe_config(cfg, steps, **one, dense="auto", overlap="auto"))
-
-
-def message_cpu(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], steps: int = 30) -> float:
-    """A remote message's CPU at each end as the job's processes spend it here (RPC's threads beside the
-    trainer's, on the same cores): the value that makes the model's one-host step equal the job's own, run here
-    on one node for ``steps`` steps; 0 when the job has no message between processes or the run fails."""
-    ps = cfg.ps
-    if ps.processes < 2 or (ps.colocated and ps.servers == 1):
-        return 0.0
+def calibrated(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], steps: int = 30) -> StepCosts:
+    """``costs`` made to match the job itself, run here on one node for ``steps`` steps (:func:`step_of_run`):
+    what the timed pieces leave out (the messages' handling, RPC's threads beside the trainer's on the same
+    cores, the step's bookkeeping) becomes a message's CPU at each end, bisected until the model's one-node
+    step equals the run's; with no message between processes, the trainer's step. Unchanged when the run
+    fails."""
     here = step_of_run(probe_config(cfg, steps))
     if here is None:
-        return 0.0
+        return costs
+    how = f"calibrated on the job run here for {steps} steps"
+    one = dataclasses.replace(costs, measured=how)
+    if cfg.ps.processes < 2 or (cfg.ps.colocated and cfg.ps.servers == 1):  # every message stays in its process
+        return dataclasses.replace(one, trainer_s=max(costs.trainer_s, here - costs.server_s))
     low, high = 0.0, here
-    for _ in range(40):  # the step grows with the messages' CPU: bisect for the measured one
+    for _ in range(40):  # the step grows with a message's CPU: bisect for the measured one
         mid = (low + high) / 2
-        step = predict(cfg, dataclasses.replace(costs, message_cpu_s=mid), links, 1, os.cpu_count() or 1).step_s
+        step = predict(cfg, dataclasses.replace(one, message_cpu_s=mid), links, 1, os.cpu_count() or 1).step_s
         low, high = (mid, high) if step < here else (low, mid)
-    return low
+    return dataclasses.replace(one, message_cpu_s=low)
 
 
 def _part(b: Batch, t: int, batch: int) -> Batch:
