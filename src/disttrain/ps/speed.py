@@ -10,12 +10,12 @@ One BSP step, with ``U[t][s]`` the distinct rows trainer t reads from and pushes
 * messages: trainer t sends server s its pushes (U ids and U rows of gradients), the ids it reads next (U ids)
   and, to server 0, its dense gradient; the answer carries the rows and the mean dense gradient. A message to
   one's own server (colocated) stays in the process; within a node it crosses the ``rpc`` link, across nodes
-  the ``rpc_inter`` link. The messages' time is a round trip, plus the bytes on the busiest direction of a
-  link at its rate: the sends', then the answers' (plain steps); both at once (overlapped steps: one step's
-  answers travel beside the next step's sends);
+  the ``rpc_inter`` link. The messages' time is a round trip, plus the sends' bytes on the busiest direction of
+  a link at its rate, then the answers' (an answer leaves once every trainer's send has arrived);
 * the step: plain, compute + messages + the server's update; overlapped (``ps.overlap``), the larger of a
-  process's CPU time (its trainer's and its server's work) and the messages' time with the server's update
-  (a step's message travels while the next step computes). A node with more processes than cores shares them.
+  process's CPU time (its trainer's and its server's work) and a message's round trip (its CPU at both ends,
+  its travel and the server's update): a step's message travels while the next step computes. A node with
+  more processes than cores shares them.
 """
 
 from __future__ import annotations
@@ -105,23 +105,16 @@ def _link(links: dict[str, Link], a: int, b: int) -> Link:
     return links["rpc"] if a == b else links.get("rpc_inter", links["rpc"])
 
 
-def _busiest(links: dict[str, Link], *phases: dict[tuple[int, int], float]) -> float:
-    """Seconds of the busiest direction of a link carrying every phase's bytes."""
-    both: dict[tuple[int, int], float] = {}
-    for phase in phases:
-        for k, n in phase.items():
-            both[k] = both.get(k, 0.0) + n
-    return max((n / _link(links, a, b)[1] for (a, b), n in both.items()), default=0.0)
+def _busiest(links: dict[str, Link], phase: dict[tuple[int, int], float]) -> float:
+    """Seconds of the busiest direction of a link carrying ``phase``'s bytes."""
+    return max((n / _link(links, a, b)[1] for (a, b), n in phase.items()), default=0.0)
 
 
 def messages_time(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nnodes: int, flow: Traffic) -> float:
     """A step's messages: the round trip and the bytes (plain steps send, then answer; overlapped ones keep each
     direction of a link busy with both at once), and the dense part's own traffic when it is not in them."""
     ps, per, dense_bytes = cfg.ps, cfg.ps.processes // nnodes, 4 * costs.dense_params
-    if ps.overlapped:
-        seconds = flow.round_trip + _busiest(links, flow.sends, flow.answers)
-    else:
-        seconds = flow.round_trip + _busiest(links, flow.sends) + _busiest(links, flow.answers)
+    seconds = flow.round_trip + _busiest(links, flow.sends) + _busiest(links, flow.answers)
     if ps.dense_where == "server":  # the dense weights read from server 0 and its gradient pushed there
         far = _link(links, 0, ps.server_rank(0) // per)
         seconds += 2 * far[0] + 2 * dense_bytes / far[1]
@@ -146,8 +139,9 @@ def predict(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nnodes: 
     trainer_cpu = (costs.trainer_s + remote * end) * share
     server_cpu = (costs.server_s + (ps.trainers - (1 if ps.colocated else 0)) * end) * share
     cpu = trainer_cpu + server_cpu if ps.colocated else max(trainer_cpu, server_cpu)
-    if ps.overlapped:
-        step, busy = max(cpu, messages_s + server_cpu), cpu >= messages_s + server_cpu
+    if ps.overlapped:  # the message's own CPU at the trainer's end, its travel and the update: its round trip
+        trip = end * share + messages_s + server_cpu
+        step, busy = max(cpu, trip), cpu >= trip
     else:
         step, busy = trainer_cpu + messages_s + server_cpu, trainer_cpu + server_cpu >= messages_s
     every = [*flow.sends.items(), *flow.answers.items()]
