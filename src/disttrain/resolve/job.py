@@ -16,8 +16,8 @@ from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, Voca
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type
-from disttrain.parallel.mesh import ParallelDims
-from disttrain.plan.choose import decide
+from disttrain.parallel.mesh import ParallelDims, check_tp
+from disttrain.plan.choose import decide, tp_as_given
 from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision
 from disttrain.plan.render import render
 from disttrain.resolve.inputs import check_inputs
@@ -93,6 +93,12 @@ def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> Str
     or ``parallel.force``). A model the planner cannot profile keeps a forced strategy, with a warning."""
     if cfg.checkpoint.create_seed:
         return StrategyChoice("single", "seed checkpoint: one process")
+    tp = cfg.parallel.tp
+    if tp > 1:  # the plan does not cover TP yet: the layout as given (strategies.resolve_name decides auto)
+        check_tp(tp, nproc * nnodes)
+        forced = cfg.parallel.strategy
+        reason = tp_as_given(tp) if forced == "auto" else f"forced, with tp {tp} (the plan does not cover TP yet)"
+        return StrategyChoice(strategies.resolve_name(forced, nproc * nnodes // tp, tp), reason)
     layout = Layout(
         nproc,
         nnodes,
