@@ -58,13 +58,12 @@ def check_plan(model: nn.Module, plan: TPPlan, tp: int) -> None:
         for name, module in found:
             _check_split(name, module, style, tp)
     for key, heads in plan.heads.items():
-        path, _, what = key.partition(" ")
+        path, _, label = key.partition(" ")
+        label = label.strip("()")
+        what = f"{label} {heads} does" if label else f"{heads} attention heads do"
         for name in [n for n, _ in matching(model, path)] or [path]:
             if heads % tp:
-                raise ConfigError(
-                    f"{name}{' ' + what if what else ''}: {heads} attention heads do not divide by parallel.tp ({tp}); "
-                    f"use a tp that divides {heads}"
-                )
+                raise ConfigError(f"{name}: {what} not divide by parallel.tp ({tp}); use a tp that divides {heads}")
 
 
 def _check_split(name: str, module: nn.Module, style: ParallelStyle, tp: int) -> None:
