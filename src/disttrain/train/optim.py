@@ -62,4 +62,8 @@ def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> to
     """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
     if dtype != "fp16":
         return None
+    if dims.tp > 1:  # gradients on several meshes: unscale local shards, agree on overflow over every rank
+        from disttrain.parallel.tp_scaler import TPGradScaler
+
+        return TPGradScaler(device.type)
     return dims.impl.grad_scaler(device.type)
