@@ -62,7 +62,12 @@ def tp_facts(trainer: Trainer) -> dict[str, Any]:
         for n, p in trainer.model.module.named_parameters()
         if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
     ]
-    return {"split": len(split), "dp_rank": trainer.loader.dp_rank, "vocab_parallel": trainer.model.vocab_parallel}
+    return {
+        "split": len(split),
+        "params": len(list(trainer.model.module.parameters())),
+        "dp_rank": trainer.loader.dp_rank,
+        "vocab_parallel": trainer.model.vocab_parallel,
+    }
 
 
 def sync_check(trainer: Trainer) -> dict[str, Any]:

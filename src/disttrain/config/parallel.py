@@ -28,6 +28,10 @@ class ParallelConfig:
     tp: int = 1
     """Tensor parallel degree: each layer's matmuls split over this many ranks (the innermost mesh dimension,
     within a node); the data-parallel strategy then spans world size / tp ranks. Must divide the world size."""
+    sequence_parallel: bool = True
+    """With tp > 1, for plans that split the norms (the built-in GPT's): the norms run on sequence shards and the
+    activations between the matmuls are split over the sequence (reduce-scatter + all-gather instead of one
+    all-reduce: the same bytes, activation memory / tp). False: the norms are replicated."""
     loss_parallel: bool = True
     """With tp > 1 and an output projection split over the vocabulary: cross-entropy over the vocabulary
     shards (the logits are never gathered). False: the logits are gathered on every rank."""

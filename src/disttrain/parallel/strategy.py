@@ -128,7 +128,10 @@ def parallelize(
     _check_layout(dims, parallel)
     vocab_parallel = False
     if dims.tp > 1:
-        vocab_parallel = apply_tp(model, dims.tp_mesh(device.type), tp_plan, parallel.loss_parallel).vocab_sharded
+        mesh = dims.tp_mesh(device.type)
+        vocab_parallel = apply_tp(
+            model, mesh, tp_plan, parallel.loss_parallel, parallel.sequence_parallel
+        ).vocab_sharded
     blocks = find_blocks(model, parallel.shard_modules)
     apply_compile(model, blocks, parallel.compile, device.type, checkpointing=parallel.activation_checkpointing)
     if parallel.activation_checkpointing != "none":

@@ -25,9 +25,11 @@ from disttrain.errors import ConfigError
 from disttrain.parallel.tp_plans import TPPlan, plan_for
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, spec: str = "auto", loss_parallel: bool = True) -> TPPlan:
+def apply_tp(
+    model: nn.Module, mesh: DeviceMesh, spec: str = "auto", loss_parallel: bool = True, sequence_parallel: bool = True
+) -> TPPlan:
     """Split ``model`` in place over the 1-D TP ``mesh`` by the plan ``spec`` names; returns the plan applied."""
-    plan = plan_for(model, spec, loss_parallel)
+    plan = plan_for(model, spec, loss_parallel, sequence_parallel)
     check_plan(model, plan, mesh.size())
     parallelize_module(model, mesh, plan.styles)
     return plan

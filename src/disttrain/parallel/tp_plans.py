@@ -14,7 +14,14 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+from torch.distributed.tensor.placement_types import Placement
 
 from disttrain.build import hf_models, import_object
 from disttrain.errors import ConfigError
@@ -42,26 +49,42 @@ class TPPlan:
     """The model's output (the logits) stays a DTensor sharded over the vocabulary: loss parallel."""
 
 
-def gpt_plan(model: GPT, loss_parallel: bool) -> TPPlan:
+def gpt_plan(model: GPT, loss_parallel: bool, sequence_parallel: bool = True) -> TPPlan:
     """Megatron's split of the built-in GPT (as torchtitan's llama3 ``parallelize``): the attention's fused
     qkv and the MLP's first layer column-wise (each rank keeps whole heads: qkv's rows are head-major), their
-    output projections row-wise (one all-reduce each), the token embedding row-wise over the vocabulary, the
-    head column-wise over the vocabulary (its logits kept sharded for loss parallel, else gathered). The
-    norms and the position embedding stay replicated."""
+    output projections row-wise, the embeddings row-wise, the head column-wise over the vocabulary (its logits
+    kept sharded for loss parallel, else gathered).
+
+    With ``sequence_parallel`` the norms run on sequence shards (``SequenceParallel``) and the residual stream
+    between the matmuls is split over the sequence: the row-wise layers reduce-scatter instead of all-reducing
+    and the column-wise ones all-gather their input (the same bytes as one all-reduce, activations / tp).
+    Without it the norms are replicated."""
+    seq: Placement = Shard(1) if sequence_parallel else Replicate()  # the residual stream between the matmuls
     head = (
-        ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
         if loss_parallel
-        else ColwiseParallel(output_layouts=Replicate())
+        else ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     )
     styles: dict[str, ParallelStyle] = {
         "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "blocks.*.attn.qkv": ColwiseParallel(),
-        "blocks.*.attn.proj": RowwiseParallel(),
-        "blocks.*.mlp.fc": ColwiseParallel(),
-        "blocks.*.mlp.proj": RowwiseParallel(),
-        "head": head,
+        "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
     }
-    return TPPlan(styles, {"blocks.*.attn": model.cfg.n_heads}, frozenset({"tok_emb", "head"}), loss_parallel)
+    if sequence_parallel:  # the first block's input (the embeddings, replicated) becomes this rank's sequence slice
+        styles["blocks.0"] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(seq,), use_local_output=True
+        )
+        styles.update({norm: SequenceParallel() for norm in ("blocks.*.ln1", "blocks.*.ln2", "ln_f")})
+    styles.update(
+        {
+            "blocks.*.attn.qkv": ColwiseParallel(input_layouts=seq),
+            "blocks.*.attn.proj": RowwiseParallel(output_layouts=seq),
+            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq),
+            "blocks.*.mlp.proj": RowwiseParallel(output_layouts=seq),
+            "head": head,
+        }
+    )
+    uneven = frozenset({"tok_emb", "pos_emb", "head"})
+    return TPPlan(styles, {"blocks.*.attn": model.cfg.n_heads}, uneven, loss_parallel)
 
 
 def hf_plan(model: nn.Module) -> TPPlan | None:
@@ -97,12 +120,12 @@ def user_plan(spec: str, model: nn.Module) -> TPPlan:
     return TPPlan({str(k): style_of(v, f"model.tp_plan {spec!r}[{k!r}]") for k, v in raw.items()})
 
 
-def plan_for(model: nn.Module, spec: str, loss_parallel: bool) -> TPPlan:
+def plan_for(model: nn.Module, spec: str, loss_parallel: bool, sequence_parallel: bool = True) -> TPPlan:
     """The plan ``model.tp_plan`` names (auto: the GPT's, or the Hugging Face model's own), or a ConfigError."""
     if spec != "auto":
         return user_plan(spec, model)
     if isinstance(model, GPT):
-        return gpt_plan(model, loss_parallel)
+        return gpt_plan(model, loss_parallel, sequence_parallel)
     plan = hf_plan(model)
     if plan is None:
         raise ConfigError(

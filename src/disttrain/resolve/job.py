@@ -97,7 +97,8 @@ def check_tp_fits(cfg: JobConfig, tp: int) -> None:
 
     train, _, text = build_data(cfg)
     model = build_model(cfg, vocab_size(train, text), on_meta=True)
-    check_plan(model, plan_for(model, cfg.model.tp_plan, cfg.parallel.loss_parallel), tp)
+    parallel = cfg.parallel
+    check_plan(model, plan_for(model, cfg.model.tp_plan, parallel.loss_parallel, parallel.sequence_parallel), tp)
 
 
 def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> StrategyChoice:
