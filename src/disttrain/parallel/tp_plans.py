@@ -17,7 +17,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
 )
@@ -69,9 +69,10 @@ def gpt_plan(model: GPT, loss_parallel: bool, sequence_parallel: bool = True) ->
         "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
     }
-    if sequence_parallel:  # the first block's input (the embeddings, replicated) becomes this rank's sequence slice
-        styles["blocks.0"] = PrepareModuleInput(
-            input_layouts=(Replicate(),), desired_input_layouts=(seq,), use_local_output=True
+    if sequence_parallel:  # the embeddings (replicated) become this rank's sequence slice after their dropout
+        # (not at the first block's input: a hook there is outside what activation checkpointing recomputes)
+        styles["drop"] = PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=seq, use_local_output=True
         )
         styles.update({norm: SequenceParallel() for norm in ("blocks.*.ln1", "blocks.*.ln2", "ln_f")})
     styles.update(
