@@ -394,7 +394,7 @@ class Trainer:
         if warning := warmup_warning(self.cfg):
             progress.print(warning)
         if progress.console.enabled:
-            progress.print(model_summary(self.model.inner, env.world_size))
+            progress.print(model_summary(self.model.inner, env.world_size, self.dims.tp))
         if resumed is not None:
             progress.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
         if env.is_main and (restart := restart_event(self.run_dir, resumed.step if resumed else None, env.world_size)):
