@@ -3,11 +3,13 @@ parallel and gathered logits, activation checkpointing with accumulation, bf16, 
 HSDP 2 x 1 x tp 2 on 4 ranks, a Hugging Face Llama under tp 2 (its config's own plan), and one training
 trajectory moved across layouts through DCP checkpoints: dp 2 x tp 2 -> dp 4 -> one process.
 
-Every figure is in one launch per layout (imports cost ~2 s per rank here): five launches in all.
+Every figure is in one launch per layout (imports cost ~2 s per rank here): five launches in all, and one run
+of the real command killed (-9) under tp 2 that resumes bitwise.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,9 @@ import torch
 from torch.testing import assert_close
 
 from disttrain.testing.launch import together
-from disttrain.testing.tiny import tiny_config
+from disttrain.testing.tiny import tiny_cli_args, tiny_config
 
-from conftest import FP32, losses, run_scenario
+from conftest import FP32, disttrain, losses, run_scenario
 
 pytest.importorskip("transformers")
 
@@ -145,3 +147,23 @@ def test_resume_across_layouts_continues_the_trajectory(results: dict[str, Any])
     assert _gap(torch.tensor(dp4["losses"], dtype=torch.float64), ref[3:]) <= 1e-5
     assert _gap(torch.tensor(one["losses"], dtype=torch.float64), ref[6:]) <= 1e-5
     assert_close(losses(results["four"][0], "dp2tp2")[:3], ref[:3], **FP32)
+
+
+@pytest.mark.timeout(180)
+def test_kill9_under_tp2_resumes_bitwise(tmp_path: Path, small_text: Path) -> None:
+    """The real command under tp 2 (one data group: 'single' split over 2 ranks; the sample at the end included):
+    rank 1 killed as step 7 starts; the restart resumes from step 4 and replays steps 5-6 bitwise, then finishes."""
+    args = tiny_cli_args(small_text, 10, "--parallel.tp", "2", "--parallel.nproc", "2", "--parallel.device", "cpu")
+    args += ["--checkpoint.interval", "4", "--launch.max-restarts", "1", "--train.generate-chars", "20"]
+    args += ["--run.root", str(tmp_path), "--run.name", "crash"]
+    proc = disttrain(*args, cwd=tmp_path, env={"DISTTRAIN_FAULT": "step:7:1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "(step 4," in proc.stdout, proc.stdout[-2000:]
+    records = [json.loads(x) for x in (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()]
+    seen: dict[int, list[float]] = {}
+    for rec in records:
+        if "loss" in rec:
+            seen.setdefault(rec["step"], []).append(rec["loss"])
+    assert sorted(seen) == list(range(1, 11))
+    assert [len(seen[s]) for s in (5, 6)] == [2, 2]  # logged before the kill and again after the resume
+    assert seen[5][0] == seen[5][1] and seen[6][0] == seen[6][1]  # bitwise
