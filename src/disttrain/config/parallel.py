@@ -25,6 +25,16 @@ class ParallelConfig:
     """HSDP replica groups (-1 = the rest: world size / shard; default one per node)."""
     shard: int = -1
     """HSDP shard group size (-1 = the rest; default the ranks of one node)."""
+    tp: int = 1
+    """Tensor parallel degree: each layer's matmuls split over this many ranks (the innermost mesh dimension,
+    within a node); the data-parallel strategy then spans world size / tp ranks. Must divide the world size."""
+    sequence_parallel: bool = True
+    """With tp > 1, for plans that split the norms (the built-in GPT's): the norms run on sequence shards and the
+    activations between the matmuls are split over the sequence (reduce-scatter + all-gather instead of one
+    all-reduce: the same bytes, activation memory / tp). False: the norms are replicated."""
+    loss_parallel: bool = True
+    """With tp > 1 and an output projection split over the vocabulary: cross-entropy over the vocabulary
+    shards (the logits are never gathered). False: the logits are gathered on every rank."""
     device_memory: str = "auto"
     """Memory of one device for the plan, e.g. '80GiB' (auto: the GPU's, or host RAM / nproc on CPU)."""
     memory_headroom: float = 0.1
@@ -73,6 +83,7 @@ class ParallelConfig:
         for key in ("replicate", "shard"):
             v = getattr(self, key)
             check(v == -1 or v >= 1, f"parallel.{key} must be >= 1, or -1 for the rest; got {v}")
+        check(self.tp >= 1, f"parallel.tp must be >= 1 (1 = no tensor parallelism), got {self.tp}")
         check(
             0 <= self.memory_headroom < 1,
             f"parallel.memory_headroom must be in [0, 1), got {self.memory_headroom}; 0.1 keeps 10% free",

@@ -65,7 +65,7 @@ class ResolvedJob:
             nnodes=max(world_size // max(local_world_size, 1), 1),
             replicate=self.config.parallel.replicate,  # the user's degrees (-1: the rest), checked again
             shard=self.config.parallel.shard,
-            batch=resolve_batch(self.config.train, world_size),
+            batch=resolve_batch(self.config.train, world_size // self.config.parallel.tp),  # over the data groups
         )
 
     # -- the run folder ---------------------------------------------------------------------------

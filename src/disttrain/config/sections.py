@@ -37,6 +37,10 @@ class ModelConfig:
     weights: str | None = None
     """Pretrained weights to start from: a safetensors file or a folder of them (e.g. one written by
     Hugging Face's save_pretrained); every rank reads only the slices it holds."""
+    tp_plan: str = "auto"
+    """With parallel.tp > 1, how each layer is split: auto (the built-in GPT's plan, or a Hugging Face model's
+    own base_model_tp_plan), or 'pkg.mod:fn' (fn(model) returns a dict of module paths to styles: a
+    torch ParallelStyle, or 'colwise' / 'rowwise', as parallelize_module takes)."""
 
     def __post_init__(self) -> None:
         check(self.n_layers >= 1, f"model.n_layers must be >= 1, got {self.n_layers}")

@@ -73,6 +73,12 @@ def run_estimate(
     if not any(est.fits[c] for c in AUTO_COLUMNS):  # what `auto` chooses from: offload is a fix, not a choice
         out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
         text += f"\nto fit: {out['advice']}"
+    if cfg.parallel.tp > 1:  # planning TP (memory, its traffic, auto) is a later step: say so, do not hide it
+        out["tp_note"] = (
+            f"parallel.tp = {cfg.parallel.tp} is not in this plan yet: the figures above are for tp 1; "
+            "`disttrain run` takes the tensor-parallel layout as given"
+        )
+        text += f"\nnote: {out['tp_note']}"
     if measure:
         table, out["measured"] = measure_here(cfg, est, device)
         text += "\n\n" + table

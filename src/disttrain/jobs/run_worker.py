@@ -55,7 +55,7 @@ def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.
     """A plain, unsharded copy of the model on rank 0 (collective: every rank must call it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    if not trainer.dims.fsdp_enabled:
+    if not trainer.dims.fsdp_enabled and not trainer.dims.tp_enabled:  # every rank holds the whole model
         return trainer.model.inner if trainer.env.is_main else None
     sd = get_model_state_dict(trainer.model.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not trainer.env.is_main:

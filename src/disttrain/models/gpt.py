@@ -76,8 +76,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        h, d = self.n_heads, c // self.n_heads
-        q, k, v = self.qkv(x).view(b, t, 3, h, d).permute(2, 0, 3, 1, 4)
+        d = c // self.n_heads
+        # qkv's rows are head-major (head, q|k|v, head_dim): a contiguous slice of them is whole heads, so under
+        # tensor parallelism a rank's column shard holds its heads' q, k and v, and h is its local head count
+        q, k, v = self.qkv(x).view(b, t, -1, 3, d).permute(3, 0, 2, 1, 4)
+        h = q.shape[1]
         p = self.dropout if self.training else 0.0
         if x.device.type != "cpu" or q.dtype == torch.float32 or not self.bmm_on_cpu:
             # fp32 on CPU: SDPA's flash kernel (it skips the masked half) is ~1.28x faster than the matmuls
@@ -88,7 +91,7 @@ class Attention(nn.Module):
             # bf16 on a CPU with AMX or AVX512-BF16: batched matmuls beat SDPA's flash kernel (~1.17x, 1.13x per step).
             q, k, v = (z.reshape(b * h, t, d) for z in (q, k, v))
             y = causal_attention_bmm(q, k, v, p).view(b, h, t, d)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, h * d))
 
 
 class MLP(nn.Module):

@@ -1,9 +1,11 @@
-"""Apply a strategy (single | ddp | fsdp | hsdp) to a model: the one place a model becomes distributed.
+"""Apply a strategy (single | ddp | fsdp | hsdp), with tensor parallelism inside it when ``parallel.tp`` > 1, to a
+model: the one place a model becomes distributed.
 
 :func:`parallelize` returns a :class:`Parallelized` that the training loop (yours or ours) uses
 without knowing which strategy is underneath: ``sync(last)`` controls gradient sync during
-accumulation, ``autocast()`` is the mixed-precision context, ``clip_grad_norm_`` returns the *global*
-norm (the full norm under FSDP, not one shard's).
+accumulation, ``autocast()`` is the mixed-precision context, ``loss_parallel()`` wraps the loss and its
+backward (cross-entropy over vocabulary shards under TP), ``clip_grad_norm_`` returns the *global*
+norm (the full norm under FSDP and TP, not one shard's).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from torch import nn
 from disttrain.config import ParallelConfig, PrecisionConfig
 from disttrain.errors import ConfigError
 from disttrain.parallel.activation import apply_activation_checkpointing
+from disttrain.parallel.clip import clip_grad_norm_
 from disttrain.parallel.compile import apply_compile
 from disttrain.parallel.env import resolve_precision
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategies import Strategy, WrapSettings
+from disttrain.parallel.tp import apply_tp, loss_parallel
 
 
 @dataclass
@@ -39,6 +43,8 @@ class Parallelized:
     dims: ParallelDims
     device: torch.device
     compute_dtype: str
+    vocab_parallel: bool = False
+    """The model's logits are a DTensor sharded over the vocabulary (TP's loss parallel)."""
 
     @property
     def strategy(self) -> str:
@@ -62,8 +68,14 @@ class Parallelized:
         """Low-precision compute for single/DDP (FSDP casts parameters itself, through its policy)."""
         return self.impl.autocast(self.device.type, self.compute_dtype)
 
+    def loss_parallel(self) -> contextlib.AbstractContextManager[None]:
+        """Wrap the loss and its backward: cross-entropy over the vocabulary shards when the logits are sharded."""
+        return loss_parallel(self.vocab_parallel)
+
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip to ``max_norm`` (0 = just measure) and return the global L2 norm of all gradients."""
+        if self.dims.tp > 1:  # parameters on several meshes (TP-split, replicated): a norm per mesh, combined
+            return clip_grad_norm_(self.module.parameters(), max_norm)
         return self.impl.clip_grad_norm_(self.module, max_norm)
 
 
@@ -93,8 +105,13 @@ def parallelize(
     *,
     dims: ParallelDims | None = None,
     device: torch.device | None = None,
+    tp_plan: str = "auto",
 ) -> Parallelized:
     """Apply the configured strategy to ``model``; a meta-device model is materialised here.
+
+    With ``parallel.tp`` > 1 the model is first split over the TP mesh dimension by ``tp_plan``
+    (``model.tp_plan``: :func:`disttrain.parallel.tp_plans.plan_for`), then activation checkpointing, compile
+    and the data-parallel strategy are applied as without it (torchtitan's order).
 
     Without ``dims``, the layout comes from the running process group (or a single process) and
     ``parallel.strategy``; without ``device``, this rank's current device; a ``precision.dtype`` of ``auto``
@@ -109,9 +126,15 @@ def parallelize(
     if precision.dtype == "auto":
         precision = resolve_precision(precision, device.type)
     _check_layout(dims, parallel)
+    vocab_parallel = False
+    if dims.tp > 1:
+        mesh = dims.tp_mesh(device.type)
+        vocab_parallel = apply_tp(
+            model, mesh, tp_plan, parallel.loss_parallel, parallel.sequence_parallel
+        ).vocab_sharded
     blocks = find_blocks(model, parallel.shard_modules)
     apply_compile(model, blocks, parallel.compile, device.type, checkpointing=parallel.activation_checkpointing)
     if parallel.activation_checkpointing != "none":
         apply_activation_checkpointing(blocks, parallel.activation_checkpointing)
     wrapped = dims.impl.wrap(model, dims, WrapSettings(parallel, precision, device))
-    return Parallelized(wrapped, model, dims, device, precision.dtype)
+    return Parallelized(wrapped, model, dims, device, precision.dtype, vocab_parallel)

@@ -96,6 +96,14 @@ def tuned_parallel(cfg: JobConfig, est: Estimate, column: str) -> dict[str, Any]
     return {k: v for k, v in wanted.items() if getattr(cfg.parallel, k) == "auto"}
 
 
+def tp_as_given(tp: int) -> str:
+    """Why ``auto`` did not consult the plan: tensor parallelism is planned as the user gave it (for now)."""
+    return (
+        f"auto with tensor parallelism (tp {tp}): the layout is taken as given (the plan does not cover TP yet); "
+        "fsdp over the data-parallel groups, or single TP alone"
+    )
+
+
 def resolve_here(
     model: nn.Module,
     sample: tuple[Any, Any],
@@ -112,7 +120,9 @@ def resolve_here(
     cfg = resolved_precision(cfg, device_type)
     auto = cfg.parallel.strategy == "auto"
     strategy, reason = None, "forced by parallel.strategy" if not auto else "auto: one process"
-    if auto and world > 1:
+    if cfg.parallel.tp > 1:
+        reason = tp_as_given(cfg.parallel.tp) if auto else reason
+    elif auto and world > 1:
         strategy, reason, tuned = auto_strategy(model, sample, cfg, world, local, loss_fn)
         cfg = with_parallel(cfg, **tuned)
     dims = ParallelDims.from_config(cfg.parallel, world, local, strategy)

@@ -16,8 +16,10 @@ from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, Voca
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type
-from disttrain.parallel.mesh import ParallelDims
-from disttrain.plan.choose import decide
+from disttrain.parallel.mesh import ParallelDims, check_tp
+from disttrain.parallel.tp import check_plan
+from disttrain.parallel.tp_plans import plan_for
+from disttrain.plan.choose import decide, tp_as_given
 from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision
 from disttrain.plan.render import render
 from disttrain.resolve.inputs import check_inputs
@@ -88,11 +90,29 @@ def _check_offload(cfg: JobConfig) -> None:
         )
 
 
+def check_tp_fits(cfg: JobConfig, tp: int) -> None:
+    """The model's tensor-parallel plan exists and divides by ``tp`` (checked on a meta-device build, here in the
+    parent: a mistake is one line, not N failing workers)."""
+    from disttrain.build import build_data, build_model, vocab_size
+
+    train, _, text = build_data(cfg)
+    model = build_model(cfg, vocab_size(train, text), on_meta=True)
+    parallel = cfg.parallel
+    check_plan(model, plan_for(model, cfg.model.tp_plan, parallel.loss_parallel, parallel.sequence_parallel), tp)
+
+
 def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> StrategyChoice:
     """'auto' from the memory plan; a forced strategy is checked against it (ConfigError unless it fits
     or ``parallel.force``). A model the planner cannot profile keeps a forced strategy, with a warning."""
     if cfg.checkpoint.create_seed:
         return StrategyChoice("single", "seed checkpoint: one process")
+    tp = cfg.parallel.tp
+    if tp > 1:  # the plan does not cover TP yet: the layout as given (strategies.resolve_name decides auto)
+        check_tp(tp, nproc * nnodes)
+        check_tp_fits(cfg, tp)
+        forced = cfg.parallel.strategy
+        reason = tp_as_given(tp) if forced == "auto" else f"forced, with tp {tp} (the plan does not cover TP yet)"
+        return StrategyChoice(strategies.resolve_name(forced, nproc * nnodes // tp, tp), reason)
     layout = Layout(
         nproc,
         nnodes,

@@ -25,9 +25,11 @@ def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # fused is ~7% faster per step on CPU, but fails on FSDP's DTensor parameters in torch 2.13 (step shape)
     fused = not any(isinstance(p, DTensor) for p in decay + no_decay)
-    return torch.optim.AdamW(
-        groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None, foreach=None if fused else True
-    )
+    # foreach kernels need one mesh: tensor parallelism leaves TP-split weights on (dp x) tp and the replicated
+    # ones on dp (or plain), so such a model steps parameter by parameter
+    meshes = {p.device_mesh if isinstance(p, DTensor) else None for p in decay + no_decay}
+    foreach = None if fused else len(meshes) == 1
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None, foreach=foreach)
 
 
 def lr_lambda(cfg: JobConfig) -> Callable[[int], float]:
@@ -60,4 +62,8 @@ def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> to
     """fp16 needs loss scaling (bf16 and fp32 don't); FSDP's scaler agrees on overflow across shards."""
     if dtype != "fp16":
         return None
+    if dims.tp > 1:  # gradients on several meshes: unscale local shards, agree on overflow over every rank
+        from disttrain.parallel.tp_scaler import TPGradScaler
+
+        return TPGradScaler(device.type)
     return dims.impl.grad_scaler(device.type)

@@ -194,7 +194,14 @@ def unit_row(label: str, u: ShardUnit, n: int) -> list[str]:
     return [label, cls, f"{u.params:,}{each}", where, fmt_bytes(u.nbytes / u.ranks) + each]
 
 
-def model_summary(model: nn.Module, world_size: int = 1) -> str:
+def model_summary(model: nn.Module, world_size: int = 1, tp: int = 1) -> str:
     """The plain-text summary of ``model`` (wrapped or not, on any device, meta included); ``world_size``
-    is the number of ranks that each hold a whole copy when the model has no sharding units (DDP)."""
-    return render(summarize(model, world_size))
+    is the number of ranks that each hold a whole copy when the model has no sharding units (DDP); with
+    ``tp`` > 1 the ranks that split the layers between them (tensor parallelism) are said too."""
+    text = render(summarize(model, world_size // tp))
+    if tp > 1:
+        what = "each tensor-parallel group" if world_size > tp else "the tensor-parallel group"
+        text = text.replace("the one rank holds every parameter", f"{what} holds every parameter")
+        text = text.replace("ranks holds every parameter", "tensor-parallel groups holds every parameter")
+        text += f"\ntensor parallel: the layers split over groups of {tp} ranks (parallel.tp)"
+    return text

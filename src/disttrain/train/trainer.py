@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from disttrain.health.signals import PREEMPT
 from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategy import Parallelized, parallelize
+from disttrain.parallel.tp import local_value
 from disttrain.plan.choose import resolve_here
 from disttrain.plan.machine import cached_peak_tflops
 from disttrain.train import metrics as M
@@ -99,7 +101,7 @@ class Trainer:
         self.cfg = cfg = self.job.config
         self.dims = ParallelDims.of(self.job)
         self.plan = self.job.batch
-        dp_rank = self.env.rank
+        dp_rank = self.dims.dp_rank(self.env.rank)  # the ranks of one tensor-parallel group read the same batch
         self.loader = GlobalBatchLoader(
             train_data, self.plan.micro_batch, self.plan.accum_steps, dp_rank, self.dims.dp_size, cfg.train.seed
         )
@@ -108,8 +110,10 @@ class Trainer:
         self.flops_per_sample = M.flops_per_sample(model, sample_x)  # before sharding: the whole model's
         watch = getattr(train_data, "pace_watch", None)  # raw files: does the loader or the model set the pace?
         self.pace_watch = watch(self.plan.global_batch * self.tokens_per_sample) if callable(watch) else None
+        # loss parallel needs our cross-entropy (torch's over vocabulary shards); any other loss gets full logits
+        parallel = cfg.parallel if self.loss_fn is cross_entropy else replace(cfg.parallel, loss_parallel=False)
         self.model: Parallelized = parallelize(
-            model, cfg.parallel, cfg.precision, dims=self.dims, device=self.env.device
+            model, parallel, cfg.precision, dims=self.dims, device=self.env.device, tp_plan=cfg.model.tp_plan
         )
         if cfg.model.weights:
             load_pretrained(self.model.inner, cfg.model.weights)  # each rank reads only its own slices
@@ -168,7 +172,7 @@ class Trainer:
         for i, batch in enumerate(micro_batches):
             x, y = to_device(batch, self.env.device)
             self.health.phase("forward")
-            with self.model.sync(i == n - 1):
+            with self.model.sync(i == n - 1), self.model.loss_parallel():
                 with around_forward(i) if around_forward else contextlib.nullcontext():
                     with self.model.autocast():
                         out = self.model(x, **self.objective.call_kwargs(x, y))
@@ -179,7 +183,7 @@ class Trainer:
                 scaled = loss / n
                 self.health.phase("backward")
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            loss_sum += loss.detach().float()
+            loss_sum += local_value(loss.detach().float())
             if after_backward is not None:
                 after_backward(i)
         return loss_sum
@@ -232,7 +236,8 @@ class Trainer:
             x, y = to_device(batch, self.env.device)
             with self.model.autocast():
                 out = self.model(x, **self.objective.call_kwargs(x, y))
-            total += float(self.loss_fn(out, y))
+            with self.model.loss_parallel():
+                total += float(local_value(self.loss_fn(out, y)))
         self.model.module.train()
         (mean,) = self._all_reduce_mean([total / len(self.val)])
         return mean
@@ -389,7 +394,7 @@ class Trainer:
         if warning := warmup_warning(self.cfg):
             progress.print(warning)
         if progress.console.enabled:
-            progress.print(model_summary(self.model.inner, env.world_size))
+            progress.print(model_summary(self.model.inner, env.world_size, self.dims.tp))
         if resumed is not None:
             progress.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
         if env.is_main and (restart := restart_event(self.run_dir, resumed.step if resumed else None, env.world_size)):

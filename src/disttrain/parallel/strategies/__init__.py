@@ -31,11 +31,14 @@ def get(name: str) -> Strategy:
         raise ConfigError(f"strategy must be one of {NAMES} (or auto), got {name!r}") from None
 
 
-def resolve_name(name: str, world_size: int) -> str:
-    """'auto' without a memory plan: ddp over several ranks, single alone (``disttrain run`` and the Trainer
-    decide 'auto' from the plan instead: :func:`disttrain.plan.choose.decide`)."""
+def resolve_name(name: str, world_size: int, tp: int = 1) -> str:
+    """'auto' without a memory plan: ddp over several data-parallel ranks (fsdp with tensor parallelism, which
+    DDP does not compose with), single alone (``disttrain run`` and the Trainer decide 'auto' from the plan
+    instead: :func:`disttrain.plan.choose.decide`). ``world_size`` counts data-parallel ranks (world / tp)."""
     if name == "auto":
-        return "ddp" if world_size > 1 else "single"
+        if world_size == 1:
+            return "single"
+        return "fsdp" if tp > 1 else "ddp"
     return get(name).name
 
 

@@ -77,6 +77,13 @@ class Strategy:
         """The DeviceMesh this strategy shards over (None: it needs none)."""
         return None
 
+    def mesh_layout(self, dims: ParallelDims) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The data-parallel dimensions of the world mesh (sizes, names); TP is added inside them."""
+        return (dims.dp_size,), ("dp",)
+
+    def check_tp(self, dp_size: int, tp: int) -> None:
+        """A ConfigError when this strategy cannot run ``dp_size`` data-parallel groups of ``tp`` ranks."""
+
     # -- the model -----------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
         """``model`` (materialised on ``how.device`` if it is on the meta device) wrapped for this strategy."""

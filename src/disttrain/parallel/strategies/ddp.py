@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from disttrain.errors import ConfigError
 from disttrain.parallel.env import init_single_process_group
 from disttrain.parallel.strategies.base import Strategy, WrapSettings
 
@@ -19,8 +20,17 @@ if TYPE_CHECKING:
 class DDP(Strategy):
     name = "ddp"
 
+    def check_tp(self, dp_size: int, tp: int) -> None:
+        if tp > 1 and dp_size > 1:
+            raise ConfigError(
+                f"strategy 'ddp' does not compose with tensor parallelism (tp {tp} x dp {dp_size}); "
+                "use --parallel.strategy fsdp (FSDP over the data-parallel dimension after TP) or hsdp"
+            )
+
     def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
         model = super().wrap(model, dims, how)
+        if dims.tp > 1:
+            return model  # one data-parallel group (check_tp): nothing to all-reduce
         if dims.world_size == 1:
             init_single_process_group(how.device.type)  # DDP over one process still needs a group
         return DistributedDataParallel(

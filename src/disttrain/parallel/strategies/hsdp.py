@@ -43,6 +43,9 @@ class HSDP(FSDP):
     def state_ranks(self, nproc: int, nnodes: int) -> int:
         return nproc  # sharded within a node, replicated across nodes
 
+    def mesh_layout(self, dims: ParallelDims) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        return (dims.replicate, dims.shard), ("replicate", "shard")
+
     def mesh(self, dims: ParallelDims, device_type: str) -> DeviceMesh:
         if dims.world_size == 1:
             init_single_process_group(device_type)

@@ -13,7 +13,7 @@ class Single(Strategy):
     def degrees(self, world: int, replicate: int, shard: int, local_world: int | None) -> tuple[int, int]:
         if world != 1:
             raise ConfigError(
-                f"strategy 'single' runs one process, but the world size is {world}; "
-                "use --parallel.strategy ddp or fsdp, or --parallel.nproc 1"
+                f"strategy 'single' runs one process (one tensor-parallel group with --parallel.tp), but the "
+                f"data-parallel size is {world}; use --parallel.strategy ddp or fsdp, or --parallel.nproc 1"
             )
         return super().degrees(world, replicate, shard, local_world)
