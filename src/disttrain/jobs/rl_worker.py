@@ -45,6 +45,7 @@ def record(lr: Learner, t0: float, steps0: int, updates0: int) -> dict[str, Any]
         "loss": mean(lr.losses),
         "env_steps_per_s": (c.env_steps - steps0) / elapsed,
         "updates_per_s": (c.updates - updates0) / elapsed,
+        "learner_busy": c.train_s / elapsed,
         "replay_size": len(lr.replay),
         "actor_lag": mean(c.lags),
     }
@@ -55,7 +56,7 @@ def progress(rec: dict[str, Any]) -> str:
         f"env steps {rec['env_steps']:>8,} | episodes {rec['episodes']:>5} | return {rec['return']:6.1f} "
         f"(all actors {rec['return_all']:6.1f}) | updates {rec['updates']:>6,} | loss {rec['loss']:.4f} | "
         f"{rec['env_steps_per_s']:,.0f} steps/s | replay {rec['replay_size']:,} | "
-        f"lag {rec['actor_lag']:.1f}"
+        f"lag {rec['actor_lag']:.1f} | learner busy {rec['learner_busy']:.0%}"
     )
 
 
