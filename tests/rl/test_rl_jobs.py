@@ -153,6 +153,8 @@ def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
     assert summary["env_steps"] >= 8000 and summary["episodes"] > 0
     played = [json.loads((tmp_path / "two" / "logs" / f"actor{i}.json").read_text()) for i in range(3)]
     assert [p["rank"] for p in played] == [1, 2, 3] and all(p["env_steps"] > 0 for p in played), played
+    # where each actor's time went: playing, sending (held by flow control), pulling weights; within its time
+    assert all(p["play_s"] > 0 and p["play_s"] + p["send_s"] + p["pull_s"] <= p["seconds"] for p in played), played
 
 
 @pytest.mark.slow
