@@ -91,6 +91,7 @@ def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
     final = record(lr, t0, steps0, updates0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
     final |= {  # what learned from what: the network, and how the replay held the observations
         "network": type(lr.net).__name__,
+        "replay_ratio": cfg.rl.samples_per_step,
         "replay_capacity": lr.replay.capacity,
         "replay_obs_dtype": str(lr.replay.obs_dtype).removeprefix("torch."),
         "replay_bytes": lr.replay.nbytes,

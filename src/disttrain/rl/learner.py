@@ -98,7 +98,7 @@ class Learner:
         if cfg.algo == "reinforce":
             backlog = len(self.pending_episodes) + sum(len(i["episodes"]) for i in self.inbox)
             return self.c.env_steps + (slack if backlog < 2 * cfg.episodes_per_update else -1)
-        return max(cfg.learning_starts, int(self.c.updates * cfg.batch / cfg.replay_ratio)) + slack
+        return max(cfg.learning_starts, int(self.c.updates * cfg.batch / cfg.samples_per_step)) + slack
 
     def release(self) -> None:
         """Answer the actors that may go on (all of them, with stop, once the learner stops)."""
@@ -166,7 +166,7 @@ class Learner:
             eps, self.pending_episodes = self.pending_episodes, []
             self.losses.append(updates.reinforce_step(self.net, self.opt, eps, cfg.gamma))
         else:
-            if len(self.replay) < cfg.learning_starts or self.c.updates * cfg.batch >= cfg.replay_ratio * max(
+            if len(self.replay) < cfg.learning_starts or self.c.updates * cfg.batch >= cfg.samples_per_step * max(
                 self.c.env_steps, 1
             ):
                 return False
