@@ -59,6 +59,7 @@ def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for key in ("return", "episode_length", "loss", "env_steps_per_s", "replay_size", "actor_lag"):
         assert key in records[-1], key
+    assert 0 < records[-1]["learner_busy"] <= 1, records[-1]  # the share of its time the learner spent updating
     assert "env steps" in proc.stdout and "done (not solved)" in proc.stdout
 
 
