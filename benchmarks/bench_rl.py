@@ -178,7 +178,7 @@ def baseline_dqn(seed: int, cap: int, explore_frac: float) -> dict[str, Any]:
     replay = ReplayBuffer(d.capacity_for(image=False), obs_dim, seed=seed)
     folder = NStepFolder(1, d.n_step, d.gamma)
     rng = np.random.default_rng(seed)
-    every, ones = round(d.batch / d.replay_ratio), torch.ones(d.batch)
+    every, ones = round(d.batch / d.samples_per_step), torch.ones(d.batch)
     explore_steps = explore_frac * cap
     counted: deque[float] = deque(maxlen=t.solve_window)
     obs, _ = env.reset(seed=seed)

@@ -47,6 +47,7 @@ def test_lunar_lander_runs_with_two_actors_and_the_learner_updates(tmp_path: Pat
     s = summary_of(tmp_path, "ll", *args, "--rl.learning-starts", "1000", "--rl.replay-ratio", "2")
     assert s["env_steps"] >= 3000 and s["updates"] > 0 and s["network"] == "Sequential", s
     assert s["replay_obs_dtype"] == "float32" and s["replay_capacity"] == 100_000, s
+    assert s["replay_ratio"] == 2.0 and s["config"]["rl"]["replay_ratio"] == 2.0, s  # (LunarLander's default: 16)
 
 
 @needs_ale

@@ -59,6 +59,7 @@ def test_a_short_dqn_run_learns_and_a_spare_takes_a_killed_actors_place(tmp_path
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for key in ("return", "episode_length", "loss", "env_steps_per_s", "replay_size", "actor_lag"):
         assert key in records[-1], key
+    assert 0 < records[-1]["learner_busy"] <= 1, records[-1]  # the share of its time the learner spent updating
     assert "env steps" in proc.stdout and "done (not solved)" in proc.stdout
 
 
@@ -153,6 +154,8 @@ def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
     assert summary["env_steps"] >= 8000 and summary["episodes"] > 0
     played = [json.loads((tmp_path / "two" / "logs" / f"actor{i}.json").read_text()) for i in range(3)]
     assert [p["rank"] for p in played] == [1, 2, 3] and all(p["env_steps"] > 0 for p in played), played
+    # where each actor's time went: playing, sending (held by flow control), pulling weights; within its time
+    assert all(p["play_s"] > 0 and p["play_s"] + p["send_s"] + p["pull_s"] <= p["seconds"] for p in played), played
 
 
 @pytest.mark.slow

@@ -62,6 +62,13 @@ def test_the_exploration_ladder_spans_eps_base_to_near_greedy() -> None:
     assert RLConfig(algo="reinforce").epsilon(0) == 0.0 and RLConfig(algo="reinforce").learning_rate == 1e-2
 
 
+def test_the_replay_ratio_defaults_per_environment_and_an_explicit_one_wins() -> None:
+    assert RLConfig().samples_per_step == 8.0 and RLConfig(env_id="LunarLander-v3").samples_per_step == 16.0
+    assert RLConfig(env_id="LunarLander-v3", replay_ratio=4.0).samples_per_step == 4.0
+    with pytest.raises(ValueError, match=r"rl.replay_ratio must be > 0, got 0.0"):
+        RLConfig(replay_ratio=0.0)
+
+
 def test_learner_side_batched_inference_gives_the_actions_actor_side_inference_gives() -> None:
     cfg = RLConfig(actors=3)
     lr = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))

@@ -45,6 +45,7 @@ def record(lr: Learner, t0: float, steps0: int, updates0: int) -> dict[str, Any]
         "loss": mean(lr.losses),
         "env_steps_per_s": (c.env_steps - steps0) / elapsed,
         "updates_per_s": (c.updates - updates0) / elapsed,
+        "learner_busy": c.train_s / elapsed,
         "replay_size": len(lr.replay),
         "actor_lag": mean(c.lags),
     }
@@ -55,7 +56,7 @@ def progress(rec: dict[str, Any]) -> str:
         f"env steps {rec['env_steps']:>8,} | episodes {rec['episodes']:>5} | return {rec['return']:6.1f} "
         f"(all actors {rec['return_all']:6.1f}) | updates {rec['updates']:>6,} | loss {rec['loss']:.4f} | "
         f"{rec['env_steps_per_s']:,.0f} steps/s | replay {rec['replay_size']:,} | "
-        f"lag {rec['actor_lag']:.1f}"
+        f"lag {rec['actor_lag']:.1f} | learner busy {rec['learner_busy']:.0%}"
     )
 
 
@@ -90,6 +91,7 @@ def learn(cfg: RLJobConfig, run_dir: Path) -> dict[str, Any]:
     final = record(lr, t0, steps0, updates0) | {"solved": lr.solved(), "wall_s": round(time.perf_counter() - t0, 2)}
     final |= {  # what learned from what: the network, and how the replay held the observations
         "network": type(lr.net).__name__,
+        "replay_ratio": cfg.rl.samples_per_step,
         "replay_capacity": lr.replay.capacity,
         "replay_obs_dtype": str(lr.replay.obs_dtype).removeprefix("torch."),
         "replay_bytes": lr.replay.nbytes,

@@ -98,17 +98,25 @@ class Actor:
         return item
 
     def run(self) -> dict[str, Any]:
-        """Play and send until the learner says stop; this actor's figures."""
+        """Play and send until the learner says stop; this actor's figures, with where its time went: playing
+        (and, with learner inference, waiting for the learner's answers), sending a chunk (and waiting while flow
+        control holds it), pulling weights."""
         t0 = time.perf_counter()
+        spent = {"play_s": 0.0, "send_s": 0.0, "pull_s": 0.0}
         if self.cfg.inference == "actor":
             self.sync()
         obs, _ = self.env.reset(seed=self.seed)
         chunks = 0
         while True:
+            t_play = time.perf_counter()
             obs = self.play(obs)
             chunks += 1
             hooks.fire("actor_chunk", chunks, self.rank)
+            t_send = time.perf_counter()
             version, stop = transport.call(self.to, learner.add_experience, self.chunk_item())
+            t = time.perf_counter()
+            spent["play_s"] += t_send - t_play
+            spent["send_s"] += t - t_send
             if stop:
                 break
             if self.cfg.inference == "learner":
@@ -116,5 +124,8 @@ class Actor:
             sync_every = 1 if self.cfg.algo == "reinforce" else self.cfg.sync_every
             if self.cfg.inference == "actor" and version - self.version >= sync_every:
                 self.sync()
+                spent["pull_s"] += time.perf_counter() - t
         self.env.close()
-        return {"actor": self.index, "rank": self.rank, "env_steps": self.steps, "seconds": time.perf_counter() - t0}
+        seconds = time.perf_counter() - t0
+        figures = {"actor": self.index, "rank": self.rank, "env_steps": self.steps, "seconds": seconds}
+        return figures | {k: round(v, 3) for k, v in spent.items()}

@@ -41,6 +41,8 @@ class Counters:
     all_returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     lengths: deque[int] = field(default_factory=lambda: deque(maxlen=100))
     lags: deque[int] = field(default_factory=lambda: deque(maxlen=100))
+    train_s: float = 0.0
+    """Seconds the learner's loop spent in updates (sampling, the step, priorities, target and acting copies)."""
 
 
 class Learner:
@@ -50,7 +52,8 @@ class Learner:
         self.net = make_net_for(spec, cfg.hidden, job.train.seed, cfg.algo)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.acting = copy.deepcopy(self.net).requires_grad_(False)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate_for(spec.image))
+        # fused: one kernel for all parameters (on CPU the per-tensor loop was ~0.4 of ~2 ms per MLP update)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate_for(spec.image), fused=True)
         self.replay = ReplayBuffer(
             cfg.capacity_for(spec.image),
             spec.obs_shape,
@@ -95,7 +98,7 @@ class Learner:
         if cfg.algo == "reinforce":
             backlog = len(self.pending_episodes) + sum(len(i["episodes"]) for i in self.inbox)
             return self.c.env_steps + (slack if backlog < 2 * cfg.episodes_per_update else -1)
-        return max(cfg.learning_starts, int(self.c.updates * cfg.batch / cfg.replay_ratio)) + slack
+        return max(cfg.learning_starts, int(self.c.updates * cfg.batch / cfg.samples_per_step)) + slack
 
     def release(self) -> None:
         """Answer the actors that may go on (all of them, with stop, once the learner stops)."""
@@ -149,6 +152,13 @@ class Learner:
 
     def train_once(self) -> bool:
         """One update if there is enough to learn from; whether it made one."""
+        t0 = time.perf_counter()
+        trained = self._train_once()
+        if trained:
+            self.c.train_s += time.perf_counter() - t0
+        return trained
+
+    def _train_once(self) -> bool:
         cfg = self.cfg
         if cfg.algo == "reinforce":
             if len(self.pending_episodes) < cfg.episodes_per_update:
@@ -156,14 +166,14 @@ class Learner:
             eps, self.pending_episodes = self.pending_episodes, []
             self.losses.append(updates.reinforce_step(self.net, self.opt, eps, cfg.gamma))
         else:
-            if len(self.replay) < cfg.learning_starts or self.c.updates * cfg.batch >= cfg.replay_ratio * max(
+            if len(self.replay) < cfg.learning_starts or self.c.updates * cfg.batch >= cfg.samples_per_step * max(
                 self.c.env_steps, 1
             ):
                 return False
             beta = cfg.beta + (1.0 - cfg.beta) * min(1.0, self.c.env_steps / self.train.max_env_steps)
             b, idx, w = self.replay.sample(cfg.batch, beta)
             loss, td = updates.dqn_step(self.net, self.target, self.opt, b, w)
-            self.replay.update_priorities(idx, td)
+            self.replay.update_priorities(idx, td)  # one vectorised sum-tree update for the whole batch
             self.losses.append(loss)
         self.c.updates += 1
         if cfg.algo == "dqn" and self.c.updates % cfg.target_every == 0:
