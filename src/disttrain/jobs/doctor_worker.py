@@ -192,17 +192,15 @@ def _compute_rates(device: torch.device) -> dict[str, Any]:
     and ``elementwise_rate``, the elements per second of a block's element-wise work; on a CPU also
     ``op_overhead_s``, the framework time per operator (:mod:`disttrain.jobs.framework_probe`)."""
     from disttrain.parallel.env import fast_bf16
-    from disttrain.utils.peak import measure_elementwise_rate, measure_matmul_tflops
+    from disttrain.utils.peak import measure_elementwise_rate, measure_matmul_tflops, one_thread
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     n = 8192 if device.type == "cuda" else 1024  # a GPU needs big matmuls to reach its peak
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if fast_bf16(device.type) else {})}
     probes = {
         "matmul_tflops": lambda dt: measure_matmul_tflops(device, dt, seconds=0.07, n=n),
         "elementwise_rate": lambda dt: measure_elementwise_rate(device, dt, seconds=0.05),
     }
-    try:
+    with one_thread():
         rates: dict[str, Any] = {
             name: {k: float(f"{max(probe(dt) for _ in range(3)):.4g}") for k, dt in dtypes.items()}
             for name, probe in probes.items()
@@ -212,8 +210,6 @@ def _compute_rates(device: torch.device) -> dict[str, Any]:
 
             rates["op_overhead_s"] = float(f"{op_seconds():.4g}")
         return rates
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.device, iters: int = 5) -> float:

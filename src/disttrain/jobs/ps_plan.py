@@ -12,10 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,19 +28,10 @@ from disttrain.ps.sharding import RowSharding
 from disttrain.ps.speed import Link, StepCosts, predict
 from disttrain.ps.table import sparse_step
 from disttrain.utils.fmt import fmt_bytes, fmt_rate
+from disttrain.utils.peak import one_thread
 
 ARENA_ROWS = 1 << 20
 """The most rows the timed server update touches (a server's update costs by the rows pushed, not held)."""
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def measure_costs(cfg: PSJobConfig, links: dict[str, Link]) -> StepCosts:
@@ -108,13 +96,12 @@ def _update_s(weight: torch.Tensor, sum_sq: torch.Tensor, rows: torch.Tensor, lr
     return time.perf_counter() - t0
 
 
-def probe_config(cfg: PSJobConfig, steps: int, **ps: Any) -> PSJobConfig:
+def probe_config(cfg: PSJobConfig, steps: int) -> PSJobConfig:
     """``cfg`` for a short timed run on this host: ``steps`` steps, no evaluation, checkpoint or progress line,
-    one node; ``ps``: [ps] fields changed."""
+    one node."""
     train = dataclasses.replace(cfg.train, steps=steps, eval_interval=0, eval_samples=256, log_interval=0)
     return dataclasses.replace(
         cfg,
-        ps=dataclasses.replace(cfg.ps, **ps),
         train=train,
         checkpoint=dataclasses.replace(cfg.checkpoint, interval=0),
         launch=LaunchConfig(),

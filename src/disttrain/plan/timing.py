@@ -224,14 +224,10 @@ def _measure_cpu_peak(dtype: str) -> float:
     import torch
 
     from disttrain.config import DTYPES
-    from disttrain.utils.peak import measure_matmul_tflops
+    from disttrain.utils.peak import measure_matmul_tflops, one_thread
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return measure_matmul_tflops(torch.device("cpu"), DTYPES[dtype], seconds=0.2)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)

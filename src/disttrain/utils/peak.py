@@ -1,5 +1,6 @@
 """Peak matmul FLOP/s of one device: a table of known GPUs (dense bf16), or a square matmul measured here;
-the rate of a transformer's element-wise work measured here; and whether this CPU computes bf16 matmuls natively.
+the rate of a transformer's element-wise work measured here; whether this CPU computes bf16 matmuls natively;
+and :func:`one_thread`, under which every per-core figure is measured.
 
 Below the trainer (MFU) and the planner (predicted compute time), which both ask it.
 """
@@ -7,9 +8,21 @@ Below the trainer (MFU) and the planner (predicted compute time), which both ask
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1 (as each rank runs), then back to what they were."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cpu_has_fast_bf16() -> bool:
