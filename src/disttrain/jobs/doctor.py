@@ -357,6 +357,10 @@ def check_link(measured: Path) -> list[Check]:
         efficiency_runs=old.efficiency_runs if old else {},
         op_overhead_s=float(m.get("op_overhead_s", old.op_overhead_s if old else 0.0)),
         unit_overhead_s=unit_s,
+        nodes_sharing_cores=next(
+            (int(r["nodes_sharing_cores"]) for r in m.get("rpc", []) if "nodes_sharing_cores" in r),
+            old.nodes_sharing_cores if old else 1,
+        ),
     )
     data = profile.to_json()
     try:

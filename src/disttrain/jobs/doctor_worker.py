@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttrain.plan.machine import boot_id
 from disttrain.utils.host import free_port
 from disttrain.utils.process import run_and_exit
 
@@ -247,6 +248,9 @@ def _rpc_figures(rank: int, world: int) -> list[dict[str, Any]] | None:
         nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
         peers = [(world - 1, nodes > 1)] + ([(1, False)] if nodes > 1 and local > 1 else [])
         out = [{**_rpc_link(rpc, f"w{peer}"), "across_nodes": across} for peer, across in peers]
+        if nodes > 1:  # nodes on one machine (namespaces, containers) share its cores: ps --plan counts them once
+            same = boot_id() != "" and rpc.rpc_sync(f"w{world - 1}", boot_id) == boot_id()
+            out[0]["nodes_sharing_cores"] = nodes if same else 1
     rpc.shutdown()
     return out
 

@@ -194,6 +194,13 @@ def rpc_links(nnodes: int) -> tuple[dict[str, Link], list[str]]:
     return links, notes
 
 
+def nodes_sharing_cores(nnodes: int) -> int:
+    """How many of ``nnodes`` nodes share one machine's cores, as the last doctor across nodes found (network
+    namespaces or containers of one host); 1 for one node, or nodes of their own."""
+    prof = load_machine()
+    return min(nnodes, prof.nodes_sharing_cores) if prof is not None and nnodes > 1 else 1
+
+
 def speed_plan(cfg: PSJobConfig) -> str:
     """The lines ``ps --plan`` prints about speed."""
     ps = cfg.ps
@@ -202,10 +209,12 @@ def speed_plan(cfg: PSJobConfig) -> str:
     nnodes = int(cfg.launch.nnodes.split(":")[-1])
     links, notes = rpc_links(nnodes)
     costs = measure_costs(cfg, links)
-    cores = os.cpu_count() or 1
-    p = predict(cfg, costs, links, nnodes, cores)
+    cores, shared = os.cpu_count() or 1, nodes_sharing_cores(nnodes)
+    p = predict(cfg, costs, links, nnodes, cores / shared)
     how = "overlapped" if ps.overlapped else "plain"
     where = f"{ps.processes} processes on {nnodes} node(s) of {cores} cores"
+    if shared > 1:
+        where = f"{ps.processes} processes on {nnodes} nodes sharing this machine's {cores} cores (doctor found them)"
     return "\n".join(
         [
             f"speed (bsp, {how} steps, {where}): ~{p.samples_per_s:,.0f} samples/s predicted "

@@ -77,13 +77,13 @@ class Watch:
     def run(self) -> int:
         while True:
             time.sleep(0.2)
+            if 0 in self.procs and self.procs[0].poll() is not None:  # first: actors end when the learner does
+                return learner_ended(self.procs, self.run_dir)
             for r, p in self.procs.items():
                 code = p.poll()
                 if r and code not in (None, 0) and r not in self.reported:
                     self.reported.add(r)
                     self.actor_died(r, code)
-            if 0 in self.procs and self.procs[0].poll() is not None:
-                return learner_ended(self.procs, self.run_dir)
             if 0 not in self.procs and all(p.poll() is not None for p in self.procs.values()):
                 return 0 if not self.reported else 1
 
@@ -95,10 +95,14 @@ class Watch:
         if place is not None and self.spares:
             spare = self.spares.pop(0)
             self.places[spare] = place
-            store = dist.TCPStore(*self.store_at, is_master=False, timeout=datetime.timedelta(seconds=30))
-            store.set(f"rl/activate/{spare}", str(place))
-            log_event(self.run_dir, "actor_replaced", actor=place, rank=spare)
-            then = f"spare rank {spare} takes its place"
+            try:
+                store = dist.TCPStore(*self.store_at, is_master=False, timeout=datetime.timedelta(seconds=30))
+                store.set(f"rl/activate/{spare}", str(place))
+            except (RuntimeError, OSError) as e:  # the learner (and its store) went first: it ends the job
+                then = f"spare rank {spare} could not take its place (the learner's store: {str(e).splitlines()[0]})"
+            else:
+                log_event(self.run_dir, "actor_replaced", actor=place, rank=spare)
+                then = f"spare rank {spare} takes its place"
         print(
             f"disttrain rl: actor {place} (rank {rank}) exited with code {code}; {then} (log: {log})",
             file=sys.stderr,

@@ -89,6 +89,9 @@ class MachineProfile:
     """Framework time per forward operator (0: not measured)."""
     unit_overhead_s: float = 0.0
     """FSDP2's fixed cost per unit pass, as on a core of its own (0: not measured)."""
+    nodes_sharing_cores: int = 1
+    """How many nodes of the last doctor run across nodes ran on this one machine and shared its ``cores``
+    (network namespaces or containers of one host: their boot ids matched); 1: each node its own machine."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,6 +135,7 @@ class MachineProfile:
             {k: float(v) for k, v in d.get("elementwise_rate", {}).items()},
             float(d.get("op_overhead_s", 0.0)),
             float(d.get("unit_overhead_s", 0.0)),
+            int(d.get("nodes_sharing_cores", 1)),
         )
 
 
@@ -285,3 +289,12 @@ def parse_bandwidth(text: str, what: str) -> float:
         )
     scale = _PREFIX[(m.group("prefix") or "").lower()]
     return value * scale / (8 if m.group("unit") in ("b", "bit", "bits") else 1)
+
+
+def boot_id() -> str:
+    """This machine's boot id: the same in every network namespace, PID namespace or container of one kernel,
+    so two "nodes" reporting one id share its cores ("" where Linux does not say)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""

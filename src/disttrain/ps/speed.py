@@ -125,7 +125,7 @@ def messages_time(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nn
     return seconds
 
 
-def predict(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nnodes: int, cores: int) -> Prediction:
+def predict(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nnodes: int, cores: float) -> Prediction:
     """The samples/s of ``cfg``'s BSP job over ``nnodes`` nodes of ``cores`` cores each, with ``links``:
     ``rpc`` (within a node) and ``rpc_inter`` (across nodes; the ``rpc`` figures where absent), and for
     ``ps.dense ddp`` the gloo all-reduce links ``intra`` / ``inter`` as the same (latency, rate) pairs."""
