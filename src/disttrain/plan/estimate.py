@@ -37,7 +37,7 @@ from disttrain.parallel import strategies
 from disttrain.parallel.strategies import COLUMNS, SHARDED_COLUMNS
 from disttrain.plan.comm import outer_split, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
-from disttrain.plan.render import LABELS
+from disttrain.plan.render import LABELS, label
 from disttrain.plan.timing import (
     NEAR_BEST,
     Machine,
@@ -47,6 +47,7 @@ from disttrain.plan.timing import (
     resolve_machine,
     step_time,
 )
+from disttrain.plan.tp import local_profile, mark_split, split_dims
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
@@ -77,16 +78,28 @@ def target_device(cfg: JobConfig) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the job runs: ranks per node, nodes, and one device's memory."""
+    """Where the job runs: ranks per node, nodes, one device's memory, and the tensor-parallel degree (TP groups
+    of ``tp`` adjacent ranks within a node; the data-parallel strategies span the ``world / tp`` groups)."""
 
     nproc: int
     nnodes: int = 1
     device_memory: int = 80 * GiB
     headroom: float = 0.1
+    tp: int = 1
 
     @property
     def world(self) -> int:
         return self.nproc * self.nnodes
+
+    @property
+    def dp_nproc(self) -> int:
+        """Data-parallel ranks (TP groups) per node."""
+        return max(self.nproc // self.tp, 1)
+
+    @property
+    def dp_world(self) -> int:
+        """Data-parallel ranks (TP groups) in all."""
+        return self.dp_nproc * self.nnodes
 
     @property
     def budget(self) -> int:
@@ -186,9 +199,13 @@ def _sharded_plan(
 def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None = None) -> Estimate:
     """Per-rank plans and predicted step times for every strategy at ``layout``, and the recommendation.
     Sharded columns use the grouping of blocks into units that :func:`~disttrain.plan.timing.best_grouping`
-    picks (or ``parallel.blocks_per_unit`` when set)."""
+    picks (or ``parallel.blocks_per_unit`` when set). With ``layout.tp`` > 1 every column is that strategy over
+    the TP groups, on what one rank of a group holds (:func:`~disttrain.plan.tp.local_profile`)."""
     cfg = resolved_precision(cfg)
     machine = machine or resolve_machine(target_device(cfg), cfg.precision.dtype, nproc=layout.nproc)
+    full, tp, nproc = prof, layout.tp, layout.dp_nproc
+    par = cfg.parallel
+    prof = local_profile(prof, tp, sequence_parallel=par.sequence_parallel, loss_parallel=par.loss_parallel)
     ac = cfg.parallel.activation_checkpointing
     act = prof.activations(ac)
     ac_alt = "full" if ac == "none" else "none"
@@ -206,15 +223,15 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
             act,
         )
     }
-    times = {"ddp": step_time("ddp", prof, cfg, machine, layout.nproc, layout.nnodes, 1)}
+    times = {"ddp": step_time("ddp", prof, cfg, machine, nproc, layout.nnodes, 1, tp=tp)}
     groupings: dict[str, dict[int, StepTime]] = {}
     grouping_bytes: dict[str, dict[int, int]] = {}
     fixed = cfg.parallel.blocks_per_unit
     for col in SHARDED_COLUMNS:
-        n = COLUMNS[col].shard_degree(layout.nproc, layout.nnodes)
+        n = COLUMNS[col].shard_degree(nproc, layout.nnodes)
         ks = [int(fixed)] if fixed != "auto" else grouping_candidates(prof.n_blocks)
         by_k = {k: _sharded_plan(col, prof, n, cfg, act, COLUMNS[col].reshard, k) for k in ks}
-        groupings[col] = {k: step_time(col, prof, cfg, machine, layout.nproc, layout.nnodes, k) for k in ks}
+        groupings[col] = {k: step_time(col, prof, cfg, machine, nproc, layout.nnodes, k, tp=tp) for k in ks}
         k = (
             best_grouping(groupings[col], {k: p.total <= layout.budget for k, p in by_k.items()})
             if len(ks) > 1
@@ -225,7 +242,7 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
     fits = {k: p.total <= layout.budget for k, p in plans.items()}
     est = Estimate(
         layout,
-        prof,
+        full,
         ac,
         plans,
         prof.activations(ac_alt),
@@ -247,12 +264,14 @@ def recommend(est: Estimate) -> tuple[str, str]:
     """The plan column ``auto`` runs, and why, in one sentence: among the strategies that fit, the one predicted
     fastest, or the simplest of those within 1% of it (HSDP only across nodes: on one node it is FSDP)."""
     lay, p, t = est.layout, est.plans, est.times
+    nproc, names = lay.dp_nproc, {c: label(c, lay.tp) for c in LABELS}
     usable = f"{fmt_bytes(lay.budget)} usable per device ({fmt_bytes(lay.device_memory)} less {lay.headroom:.0%})"
-    ddp = f"DDP needs {fmt_bytes(p['ddp'].total)} per rank"
-    if lay.world == 1:
+    ddp = f"{names['ddp']} needs {fmt_bytes(p['ddp'].total)} per rank"
+    if lay.dp_world == 1:
         verdict = "fits" if est.fits["ddp"] else "does NOT fit"
-        return "single", f"one process: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
-    cols = [c for c in AUTO_COLUMNS if est.fits[c] and COLUMNS[c].distinct_at(lay.nproc, lay.nnodes)]
+        alone = f"tensor parallelism alone (tp {lay.tp})" if lay.tp > 1 else "one process"
+        return "single", f"{alone}: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
+    cols = [c for c in AUTO_COLUMNS if est.fits[c] and COLUMNS[c].distinct_at(nproc, lay.nnodes)]
     if not cols:
         offload = p["fsdp_offload"]
         also = (
@@ -267,13 +286,13 @@ def recommend(est: Estimate) -> tuple[str, str]:
     others = [c for c in ranked if c != best]
     tie = best != ranked[0]
     why = (
-        f"{LABELS[best]} is predicted {f'within {NEAR_BEST:.0%} of the fastest' if tie else 'fastest'} {_when(t[best])}"
+        f"{names[best]} is predicted {f'within {NEAR_BEST:.0%} of the fastest' if tie else 'fastest'} {_when(t[best])}"
     )
     if others:
-        why += f", against {LABELS[others[0]]} {_when(t[others[0]])}"
+        why += f", against {names[others[0]]} {_when(t[others[0]])}"
         why += "; that close is a tie, and a tie goes to the simpler strategy" if tie else ""
     memory = f"{ddp} of {usable}: it fits" if est.fits["ddp"] else f"{ddp}, more than the {usable}"
-    if COLUMNS[best].shard_degree(lay.nproc, lay.nnodes) < lay.world:
+    if COLUMNS[best].sharded and COLUMNS[best].shard_degree(nproc, lay.nnodes) < lay.dp_world:
         why += "; HSDP keeps all-gathers inside a node and only all-reduces gradient shards across nodes"
     return best, f"{memory}; of what fits, {why}"
 
@@ -344,4 +363,10 @@ def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn, machine: Machine |
         attention=attention_for(device),
         loss_fn=loss_fn,
     )
+    if layout.tp > 1:  # which parameters the TP plan splits (the plan's own checks run when the job applies it)
+        from disttrain.parallel.tp_plans import plan_for
+
+        par = cfg.parallel
+        styles = plan_for(model, cfg.model.tp_plan, par.loss_parallel, par.sequence_parallel).styles
+        prof = mark_split(prof, split_dims(model, styles))
     return estimate(prof, cfg, layout, machine)

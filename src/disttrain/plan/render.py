@@ -23,13 +23,20 @@ LABELS = {key: column.label for key, column in strategies.COLUMNS.items()}
 ROWS = ("params", "grads", "optimizer", "gathered", "activations", "total")
 
 
+def label(column: str, tp: int = 1) -> str:
+    """A plan column's name, with the tensor-parallel degree when there is one: ``FSDP x tp 2``."""
+    return f"{LABELS[column]} x tp {tp}" if tp > 1 else LABELS[column]
+
+
 def render(est: Estimate) -> str:
     """The per-rank table as text, then the recommendation."""
     lay = est.layout
     cols = list(COLUMNS)
-    head = ["per rank", *(LABELS[c] for c in cols)]
+    head = ["per rank", *(label(c, lay.tp) for c in cols)]
     shard_row = ["shard degree", *(str(est.plans[c].shard) for c in cols)]
     rows = [shard_row]
+    if lay.tp > 1:
+        rows.append(["tp degree", *(str(lay.tp) for _ in cols)])
     names = {
         "params": "parameters (fp32)",
         "grads": "gradients (fp32)",
@@ -48,8 +55,8 @@ def render(est: Estimate) -> str:
     line = "  ".join("-" * w for w in widths)
     out = [
         f"memory plan per rank: {est.profile.n_params / 1e6:,.1f}M parameters, {lay.nproc} rank(s) x "
-        f"{lay.nnodes} node(s), micro-batch {est.profile.micro_batch}, {est.profile.compute_dtype} compute, "
-        f"{est.profile.attention} attention, "
+        f"{lay.nnodes} node(s){_tp(lay.tp)}, micro-batch {est.profile.micro_batch}, "
+        f"{est.profile.compute_dtype} compute, {est.profile.attention} attention, "
         f"device memory {fmt_bytes(lay.device_memory)} - {lay.headroom:.0%} headroom",
         _line(head, widths),
         line,
@@ -59,6 +66,10 @@ def render(est: Estimate) -> str:
         out.append(machine_line(est))
     out.append(f"recommended: {est.choice} — {est.reason}")
     return "\n".join(out)
+
+
+def _tp(tp: int) -> str:
+    return f" (tensor parallel: tp {tp})" if tp > 1 else ""
 
 
 def _time_rows(est: Estimate, cols: list[str]) -> list[list[str]]:
