@@ -14,7 +14,7 @@ from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.tp_plans import gpt_plan
 from disttrain.plan.estimate import GiB, Layout, estimate
 from disttrain.plan.profile import ModelProfile, ParamInfo, profile_model
-from disttrain.plan.tp import local_profile, mark_split, split_dims, tp_collectives
+from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_collectives, tp_degrees, tp_sentence
 from disttrain.train.loss import cross_entropy
 
 from conftest import disttrain
@@ -161,3 +161,33 @@ def test_estimate_rejects_tp_that_does_not_divide_the_node() -> None:
 def test_param_info_name_defaults_keep_older_profiles_working() -> None:
     p = ParamInfo((4, 4), 0, True)
     assert p.name == "" and p.tp_dim == -1
+
+
+def test_tp_degrees_stay_within_a_node() -> None:
+    assert tp_degrees(1) == [] and tp_degrees(2) == [2] and tp_degrees(8) == [2, 4, 8] and tp_degrees(6) == [2]
+
+
+def option(tp: int, fits: bool, step: float) -> TPOption:
+    return TPOption(tp, "fsdp", f"FSDP x tp {tp}", 100 * 2**20, fits, step, 0.0)
+
+
+def test_tp_sentence_says_when_tp_helps_and_why() -> None:
+    opts = (option(2, False, 1.0), option(4, True, 2.0))
+    # nothing fits at tp 1: the fastest TP layout that fits, and the flag that runs it
+    assert tp_sentence(opts, fits=False, inter_s=0, compute_s=1, step_s=1).endswith("run with --parallel.tp 4")
+    none = tp_sentence((option(2, False, 1.0),), fits=False, inter_s=0, compute_s=1, step_s=1)
+    assert none == "tensor parallelism up to tp 2 does not fit either"
+    # it fits; traffic across nodes that compute covers: nothing to say
+    assert tp_sentence(opts, fits=True, inter_s=0.5, compute_s=1.0, step_s=3.0) == ""
+    # traffic across nodes beyond the compute, and a TP layout predicted faster than the step
+    said = tp_sentence(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=3.0)
+    assert "traffic across nodes" in said and said.endswith("try --parallel.tp 4")
+    assert tp_sentence(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=1.5) == ""  # TP would be slower
+
+
+def test_estimate_names_a_tp_layout_when_nothing_else_fits() -> None:
+    args = ("estimate", "--parallel.nproc", "4", "--parallel.device", "cpu", "--parallel.device-memory", "250MiB")
+    p = disttrain(*args, "--explain", timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "nothing fits" in p.stdout and "with tensor parallelism FSDP x tp 2 fits" in p.stdout, p.stdout
+    assert "candidate layouts" in p.stdout and "FSDP (tp 1)" in p.stdout and "--parallel.tp 2 (" in p.stdout

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
+from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
 from disttrain.parallel.strategies import COLUMNS, SHARDED_COLUMNS
 from disttrain.plan.comm import outer_split, unit_numels
@@ -47,7 +49,7 @@ from disttrain.plan.timing import (
     resolve_machine,
     step_time,
 )
-from disttrain.plan.tp import local_profile, mark_split, split_dims
+from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_degrees, tp_sentence
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
@@ -147,6 +149,16 @@ class Estimate:
     grouping_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Every grouping tried per sharded column: blocks per unit -> total bytes per rank."""
     machine: Machine | None = None
+    tp_options: tuple[TPOption, ...] = ()
+    local: ModelProfile | None = None
+    """What one rank of a TP group holds and computes (:func:`~disttrain.plan.tp.local_profile`); with tp 1
+    the profile itself."""
+
+    @property
+    def rank_profile(self) -> ModelProfile:
+        return self.local or self.profile
+
+    """Candidate layouts with tensor parallelism (tp 2, 4, ... within a node), weighed when the plan is at tp 1."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +173,7 @@ class Estimate:
             "recommendation": {"strategy": self.choice, "reason": self.reason},
             "step_time": {k: t.to_json() for k, t in self.times.items()},
             "machine": dataclasses.asdict(self.machine) if self.machine else None,
+            "tp_options": [dataclasses.asdict(o) for o in self.tp_options],
         }
 
 
@@ -252,6 +265,7 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
         groupings=groupings,
         grouping_bytes=grouping_bytes,
         machine=machine,
+        local=prof,
     )
     choice, reason = recommend(est)
     return dataclasses.replace(est, choice=choice, reason=reason)
@@ -309,6 +323,10 @@ def advice(est: Estimate, prof: ModelProfile, cfg: JobConfig) -> str:
         alt = estimate(prof, with_parallel(cfg, activation_checkpointing="full"), est.layout).plans["fsdp"]
         tips.append(f"--parallel.activation_checkpointing full (FSDP then needs {fmt_bytes(alt.total)})")
     tips.append(f"--parallel.offload ({fmt_bytes(est.plans['fsdp_offload'].total)} on the device)")
+    fitting = [o for o in est.tp_options if o.fits]
+    if fitting:
+        o = min(fitting, key=lambda o: o.predicted_s)
+        tips.append(f"--parallel.tp {o.tp} ({o.label} needs {fmt_bytes(o.total)})")
     tips.append("more ranks, a smaller micro-batch, or --parallel.force to try anyway")
     return "; ".join(tips)
 
@@ -363,10 +381,59 @@ def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn, machine: Machine |
         attention=attention_for(device),
         loss_fn=loss_fn,
     )
-    if layout.tp > 1:  # which parameters the TP plan splits (the plan's own checks run when the job applies it)
-        from disttrain.parallel.tp_plans import plan_for
-
-        par = cfg.parallel
-        styles = plan_for(model, cfg.model.tp_plan, par.loss_parallel, par.sequence_parallel).styles
+    degrees = tp_degrees(layout.nproc) if layout.tp == 1 else [layout.tp]
+    styles, degrees = _tp_plan(model, cfg, degrees, required=layout.tp > 1)
+    if styles:
         prof = mark_split(prof, split_dims(model, styles))
-    return estimate(prof, cfg, layout, machine)
+    est = estimate(prof, cfg, layout, machine)
+    if layout.tp > 1 or not degrees:
+        return est
+    return with_tp_options(est, cfg, tuple(tp_option(prof, cfg, layout, est.machine, t) for t in degrees))
+
+
+def _tp_plan(
+    model: nn.Module, cfg: JobConfig, degrees: list[int], required: bool
+) -> tuple[dict[str, Any] | None, list[int]]:
+    """The model's TP styles and the degrees its plan allows (heads and widths divide); where the model has no
+    TP plan, none (a ConfigError only when ``required``: the job asked for tp > 1)."""
+    from disttrain.parallel.tp import check_plan
+    from disttrain.parallel.tp_plans import plan_for
+
+    par = cfg.parallel
+    try:
+        plan = plan_for(model, cfg.model.tp_plan, par.loss_parallel, par.sequence_parallel)
+    except ConfigError:
+        if required:
+            raise
+        return None, []
+    ok = []
+    for t in degrees:
+        try:
+            check_plan(model, plan, t)
+        except ConfigError:
+            if required:
+                raise
+            continue
+        ok.append(t)
+    return dict(plan.styles), ok
+
+
+def tp_option(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None, tp: int) -> TPOption:
+    """The plan at ``tp``: the column ``auto`` would pick over the TP groups (DDP's column, no data-parallel
+    traffic, where one group fills the job), its bytes and step."""
+    e = estimate(prof, cfg, dataclasses.replace(layout, tp=tp), machine)
+    col = e.choice if e.choice in e.plans else "ddp"
+    name = label(col, tp) if e.layout.dp_world > 1 else f"tp {tp} alone"
+    t = e.times[col]
+    return TPOption(tp, col, name, e.plans[col].total, e.fits[col], t.predicted_s, t.sent_inter)
+
+
+def with_tp_options(est: Estimate, cfg: JobConfig, options: tuple[TPOption, ...]) -> Estimate:
+    """``est`` with its TP candidates, and the sentence that says when one of them would help in its reason."""
+    fits = any(est.fits[c] for c in AUTO_COLUMNS)
+    col = est.choice if est.choice in est.times else "ddp"
+    t, m = est.times[col], est.machine
+    inter_s = t.sent_inter / m.link("inter").bandwidth_Bps if m is not None and t.sent_inter else 0.0
+    note = tp_sentence(options, fits=fits, inter_s=inter_s, compute_s=t.compute_s, step_s=t.predicted_s)
+    reason = f"{est.reason}; {note}" if note else est.reason
+    return dataclasses.replace(est, tp_options=options, reason=reason)

@@ -16,13 +16,16 @@ computes (a *local profile*), and TP's collectives per optimizer step. Pure arit
   large at the start of backward) are split over tp; without, the logits are gathered, whole on each rank;
 - compute: the FLOPs and, with sequence parallelism, the element-wise work split over tp; every rank
   dispatches every operator, so the framework time per operator does not shrink;
+- candidates (:class:`TPOption`, :func:`tp_degrees`, :func:`tp_sentence`): the TP degrees within a node that
+  the plan weighs when a block does not fit or FSDP's traffic across nodes outruns the step's compute;
 - traffic (:func:`tp_collectives`): per block and micro-step, with sequence parallelism an all-gather of the
   (micro-batch x sequence x d_model) activations before attention and before the MLP and a reduce-scatter
   after each, in forward, and the same again in backward (the gradients of an all-gather and of a
   reduce-scatter are each other); without it, an all-reduce after each in forward and before each in
   backward. A checkpointed block runs its forward's collectives again. All within a node (TP is innermost).
 
-May import: ``disttrain.config``, ``disttrain.parallel``, ``disttrain.plan.profile``, ``disttrain.plan.comm``.
+May import: ``disttrain.config``, ``disttrain.utils``, ``disttrain.parallel``, ``disttrain.plan.profile``,
+``disttrain.plan.comm``.
 """
 
 from __future__ import annotations
@@ -30,43 +33,39 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from fnmatch import fnmatch
+from dataclasses import dataclass
 
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from disttrain.config import JobConfig
 from disttrain.parallel.activation import checkpointed_indices
+from disttrain.parallel.tp import matching
 from disttrain.plan.comm import Collective, accum_steps
 from disttrain.plan.profile import ModelProfile, ParamInfo
+from disttrain.utils.fmt import fmt_bytes
 
 WHOLE_WITHOUT_SP = 10 / 34
 """Share of a block's saved activations that stays whole on each TP rank without sequence parallelism
 (Megatron-LM, arXiv 2205.05198, section 4.2: the norms' and dropouts' ``10 s b h`` of ``34 s b h``)."""
 
 
-def _matches(pattern: str, path: str) -> bool:
-    """``parallelize_module``'s matching: the same number of dotted names, each an fnmatch of its pattern."""
-    want, have = pattern.split("."), path.split(".")
-    return len(want) == len(have) and all(fnmatch(h, w) for h, w in zip(have, want, strict=True))
-
-
 def split_dims(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> dict[str, int]:
     """Parameter name -> the dimension ``styles`` (a TP plan: module paths to styles) splits it in; parameters
     left out stay whole on every TP rank. ``model`` may be on the meta device."""
     out: dict[str, int] = {}
-    for path, module in model.named_modules():
-        style = next((s for pattern, s in styles.items() if _matches(pattern, path)), None)
+    for pattern, style in styles.items():
         if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
             continue
         colwise = isinstance(style, ColwiseParallel)
-        embedding = isinstance(module, nn.Embedding)
-        for name, p in module.named_parameters(recurse=False):
-            full = f"{path}.{name}" if path else name
-            if name == "weight" and p.dim() == 2:
-                out[full] = (1 if colwise else 0) if embedding else (0 if colwise else 1)
-            elif name == "bias" and colwise:
-                out[full] = 0  # a row-wise layer's bias is added after the reduction: replicated
+        for path, module in matching(model, pattern):
+            embedding = isinstance(module, nn.Embedding)
+            for name, p in module.named_parameters(recurse=False):
+                full = f"{path}.{name}" if path else name
+                if name == "weight" and p.dim() == 2:
+                    out[full] = (1 if colwise else 0) if embedding else (0 if colwise else 1)
+                elif name == "bias" and colwise:
+                    out[full] = 0  # a row-wise layer's bias is added after the reduction: replicated
     return out
 
 
@@ -130,7 +129,49 @@ def tp_collectives(prof: ModelProfile, cfg: JobConfig, tp: int, dp: int) -> list
     calls = 2 * passes * accum
     if cfg.parallel.sequence_parallel:
         return [
-            Collective("all_gather", act, tp, "intra", calls, "TP all-gather (sequence -> whole, per block)"),
-            Collective("reduce_scatter", act, tp, "intra", calls, "TP reduce-scatter (whole -> sequence, per block)"),
+            Collective("all_gather", act, tp, "intra", calls, "TP all-gather (blocks, sequence)"),
+            Collective("reduce_scatter", act, tp, "intra", calls, "TP reduce-scatter (blocks, sequence)"),
         ]
-    return [Collective("all_reduce", act, tp, "intra", calls, "TP all-reduce (per block)")]
+    return [Collective("all_reduce", act, tp, "intra", calls, "TP all-reduce (blocks)")]
+
+
+@dataclass(frozen=True)
+class TPOption:
+    """One candidate layout with tensor parallelism: the column the plan would run over its TP groups, its
+    bytes per rank and predicted step."""
+
+    tp: int
+    column: str
+    label: str
+    total: int
+    fits: bool
+    predicted_s: float
+    sent_inter: float
+
+
+def tp_degrees(nproc: int) -> list[int]:
+    """TP degrees worth weighing on a node of ``nproc`` ranks: 2, 4, 8, ... that divide it (TP stays within a
+    node, where the link is fastest)."""
+    return [t for t in (2**i for i in range(1, max(nproc, 1).bit_length())) if nproc % t == 0]
+
+
+def tp_sentence(options: tuple[TPOption, ...], *, fits: bool, inter_s: float, compute_s: float, step_s: float) -> str:
+    """When tensor parallelism would help, one sentence that says why and how to run it ("" when it would
+    not): nothing fits without it (``fits`` False), or the chosen strategy's traffic across nodes (``inter_s``
+    seconds of the link per step) is more than its compute (``compute_s``) can cover and a TP layout is
+    predicted faster than its ``step_s``."""
+    usable = [o for o in options if o.fits]
+    best = min(usable, key=lambda o: o.predicted_s, default=None)
+    if not fits:
+        if best is None:
+            return f"tensor parallelism up to tp {max((o.tp for o in options), default=1)} does not fit either"
+        return (
+            f"with tensor parallelism {best.label} fits ({fmt_bytes(best.total)} per rank, "
+            f"{best.predicted_s:.3g} s/step): run with --parallel.tp {best.tp}"
+        )
+    if inter_s <= compute_s or best is None or best.predicted_s >= step_s:
+        return ""
+    return (
+        f"the traffic across nodes takes {inter_s:.3g} s of the link per step, more than the {compute_s:.3g} s of "
+        f"compute; {best.label} is predicted {best.predicted_s:.3g} s/step: try --parallel.tp {best.tp}"
+    )
