@@ -14,7 +14,7 @@ from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.tp_plans import gpt_plan
 from disttrain.plan.estimate import GiB, Layout, estimate
 from disttrain.plan.profile import ModelProfile, ParamInfo, profile_model
-from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_collectives, tp_degrees, tp_sentence
+from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_collectives, tp_degrees, tp_pick
 from disttrain.train.loss import cross_entropy
 
 from conftest import disttrain
@@ -143,7 +143,7 @@ def test_estimate_cli_prints_the_tp_columns() -> None:
     p = disttrain("estimate", "--parallel.nproc", "4", "--parallel.tp", "2", "--parallel.device", "cpu", timeout=120)
     assert p.returncode == 0, p.stderr
     assert "FSDP x tp 2" in p.stdout and "tp degree" in p.stdout and "(tensor parallel: tp 2)" in p.stdout
-    assert "step, no overlap" in p.stdout and "TP degree as given" in p.stdout
+    assert "step, no overlap" in p.stdout and "tp 2 ranks, given by --parallel.tp" in p.stdout
     js = disttrain("estimate", "--parallel.nproc", "4", "--parallel.tp", "2", "--parallel.device", "cpu", "--json")
     assert js.returncode == 0, js.stderr
     out = json.loads(js.stdout)
@@ -171,23 +171,45 @@ def option(tp: int, fits: bool, step: float) -> TPOption:
     return TPOption(tp, "fsdp", f"FSDP x tp {tp}", 100 * 2**20, fits, step, 0.0)
 
 
-def test_tp_sentence_says_when_tp_helps_and_why() -> None:
-    opts = (option(2, False, 1.0), option(4, True, 2.0))
-    # nothing fits at tp 1: the fastest TP layout that fits, and the flag that runs it
-    assert tp_sentence(opts, fits=False, inter_s=0, compute_s=1, step_s=1).endswith("run with --parallel.tp 4")
-    none = tp_sentence((option(2, False, 1.0),), fits=False, inter_s=0, compute_s=1, step_s=1)
-    assert none == "tensor parallelism up to tp 2 does not fit either"
+def test_tp_pick_says_when_tp_helps_and_why() -> None:
+    opts = (option(1, False, 0.5), option(2, False, 1.0), option(4, True, 2.0))
+    # nothing fits at tp 1: the fastest TP layout that fits
+    pick, why = tp_pick(opts, fits=False, inter_s=0, compute_s=1, step_s=1)
+    assert pick is not None and pick.tp == 4 and why.startswith("nothing fits without tensor parallelism")
+    none = tp_pick(opts[:2], fits=False, inter_s=0, compute_s=1, step_s=1)
+    assert none == (None, "tensor parallelism up to tp 2 does not fit either")
     # it fits; traffic across nodes that compute covers: nothing to say
-    assert tp_sentence(opts, fits=True, inter_s=0.5, compute_s=1.0, step_s=3.0) == ""
+    assert tp_pick(opts, fits=True, inter_s=0.5, compute_s=1.0, step_s=3.0) == (None, "")
     # traffic across nodes beyond the compute, and a TP layout predicted faster than the step
-    said = tp_sentence(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=3.0)
-    assert "traffic across nodes" in said and said.endswith("try --parallel.tp 4")
-    assert tp_sentence(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=1.5) == ""  # TP would be slower
+    pick, why = tp_pick(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=3.0)
+    assert pick is not None and pick.tp == 4 and "traffic across nodes" in why
+    assert tp_pick(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=1.5) == (None, "")  # TP would be slower
 
 
 def test_estimate_names_a_tp_layout_when_nothing_else_fits() -> None:
     args = ("estimate", "--parallel.nproc", "4", "--parallel.device", "cpu", "--parallel.device-memory", "250MiB")
     p = disttrain(*args, "--explain", timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "nothing fits" in p.stdout and "with tensor parallelism FSDP x tp 2 fits" in p.stdout, p.stdout
-    assert "candidate layouts" in p.stdout and "FSDP (tp 1)" in p.stdout and "--parallel.tp 2 (" in p.stdout
+    assert "recommended: fsdp — tp 2: nothing fits without tensor parallelism, and FSDP x tp 2 fits" in p.stdout
+    assert "candidate layouts" in p.stdout and "* FSDP x tp 2" in p.stdout, p.stdout
+    forced = disttrain(*args, "--parallel.strategy", "fsdp", timeout=120)  # a forced strategy: named, not run
+    assert forced.returncode == 0 and "recommended: fsdp — nothing fits:" in forced.stdout, forced.stdout
+    assert (
+        "run with --parallel.tp 2" in forced.stdout
+        and "to fit:" in forced.stdout
+        and "--parallel.tp 2 (" in forced.stdout
+    )
+
+
+def test_run_resolves_auto_to_tensor_parallelism_when_nothing_else_fits() -> None:
+    from disttrain.plan.choose import decide
+    from disttrain.plan.estimate import plan_job
+
+    cfg = from_dict({"parallel": {"device": "cpu"}})
+    est = plan_job(cfg, Layout(4, 1, 250 * 2**20), cross_entropy)
+    assert est.layout.tp == 2 and est.choice == "fsdp" and est.reason.startswith("tp 2: nothing fits")
+    assert [o.tp for o in est.tp_options] == [1, 2] and not est.tp_options[0].fits
+    decision = decide(cfg, est)
+    assert decision.strategy == "fsdp" and decision.parallel["tp"] == 2
+    roomy = plan_job(cfg, Layout(4, 1, 64 * GiB), cross_entropy)  # fits without: tp stays as given
+    assert roomy.layout.tp == 1 and "tp" not in decide(cfg, roomy).parallel

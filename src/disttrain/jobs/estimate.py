@@ -77,10 +77,15 @@ def run_estimate(
     if not any(est.fits[c] for c in AUTO_COLUMNS):  # what `auto` chooses from: offload is a fix, not a choice
         out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
         text += f"\nto fit: {out['advice']}"
-    if tp > 1:  # auto does not weigh other TP degrees yet: say so, do not hide it
+    if est.layout.tp > 1:
+        given = (
+            "given by --parallel.tp"
+            if tp > 1
+            else "chosen by `auto` (see the reason; `estimate --explain` lists the candidate layouts)"
+        )
         out["tp_note"] = (
-            f"each column is that strategy over the {est.layout.dp_world} data-parallel group(s) of tp {tp} ranks; "
-            "`auto` takes the TP degree as given (compare others with --parallel.tp N)"
+            f"each column is that strategy over the {est.layout.dp_world} data-parallel group(s) of "
+            f"tp {est.layout.tp} ranks, {given}"
         )
         text += f"\nnote: {out['tp_note']}"
     if measure:

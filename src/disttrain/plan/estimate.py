@@ -49,7 +49,7 @@ from disttrain.plan.timing import (
     resolve_machine,
     step_time,
 )
-from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_degrees, tp_sentence
+from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_degrees, tp_pick
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
@@ -285,7 +285,7 @@ def recommend(est: Estimate) -> tuple[str, str]:
         verdict = "fits" if est.fits["ddp"] else "does NOT fit"
         alone = f"tensor parallelism alone (tp {lay.tp})" if lay.tp > 1 else "one process"
         return "single", f"{alone}: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
-    cols = [c for c in AUTO_COLUMNS if est.fits[c] and COLUMNS[c].distinct_at(nproc, lay.nnodes)]
+    cols = [c for c in AUTO_COLUMNS if est.fits[c] and runs_at(c, lay) and COLUMNS[c].distinct_at(nproc, lay.nnodes)]
     if not cols:
         offload = p["fsdp_offload"]
         also = (
@@ -311,6 +311,15 @@ def recommend(est: Estimate) -> tuple[str, str]:
     return best, f"{memory}; of what fits, {why}"
 
 
+def runs_at(column: str, layout: Layout) -> bool:
+    """Whether the column's strategy runs over ``layout``'s TP groups (DDP does not compose with TP)."""
+    try:
+        COLUMNS[column].strategy.check_tp(layout.dp_world, layout.tp)
+    except ConfigError:
+        return False
+    return True
+
+
 def _when(t: StepTime) -> str:
     sent = t.sent_intra + t.sent_inter
     return f"({t.predicted_s:.3g} s/step, {fmt_bytes(int(sent))} sent per rank)"
@@ -323,7 +332,7 @@ def advice(est: Estimate, prof: ModelProfile, cfg: JobConfig) -> str:
         alt = estimate(prof, with_parallel(cfg, activation_checkpointing="full"), est.layout).plans["fsdp"]
         tips.append(f"--parallel.activation_checkpointing full (FSDP then needs {fmt_bytes(alt.total)})")
     tips.append(f"--parallel.offload ({fmt_bytes(est.plans['fsdp_offload'].total)} on the device)")
-    fitting = [o for o in est.tp_options if o.fits]
+    fitting = [o for o in est.tp_options if o.fits and o.tp != est.layout.tp]
     if fitting:
         o = min(fitting, key=lambda o: o.predicted_s)
         tips.append(f"--parallel.tp {o.tp} ({o.label} needs {fmt_bytes(o.total)})")
@@ -388,7 +397,8 @@ def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn, machine: Machine |
     est = estimate(prof, cfg, layout, machine)
     if layout.tp > 1 or not degrees:
         return est
-    return with_tp_options(est, cfg, tuple(tp_option(prof, cfg, layout, est.machine, t) for t in degrees))
+    options = (as_option(est), *(tp_option(prof, cfg, layout, est.machine, t) for t in degrees))
+    return with_tp_options(est, cfg, options)
 
 
 def _tp_plan(
@@ -421,19 +431,28 @@ def _tp_plan(
 def tp_option(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None, tp: int) -> TPOption:
     """The plan at ``tp``: the column ``auto`` would pick over the TP groups (DDP's column, no data-parallel
     traffic, where one group fills the job), its bytes and step."""
-    e = estimate(prof, cfg, dataclasses.replace(layout, tp=tp), machine)
-    col = e.choice if e.choice in e.plans else "ddp"
-    name = label(col, tp) if e.layout.dp_world > 1 else f"tp {tp} alone"
+    return as_option(estimate(prof, cfg, dataclasses.replace(layout, tp=tp), machine))
+
+
+def as_option(e: Estimate) -> TPOption:
+    """A plan as one candidate layout: the column it recommends, its bytes and step."""
+    col, tp = (e.choice if e.choice in e.plans else "ddp"), e.layout.tp
+    name = label(col, tp) if e.layout.dp_world > 1 or tp == 1 else f"tp {tp} alone"
     t = e.times[col]
     return TPOption(tp, col, name, e.plans[col].total, e.fits[col], t.predicted_s, t.sent_inter)
 
 
 def with_tp_options(est: Estimate, cfg: JobConfig, options: tuple[TPOption, ...]) -> Estimate:
-    """``est`` with its TP candidates, and the sentence that says when one of them would help in its reason."""
+    """``est`` with its TP candidates. Where one helps (:func:`~disttrain.plan.tp.tp_pick`) and the strategy is
+    ``auto``, the plan at that TP degree, its reason saying why; with a forced strategy, ``est`` whose reason
+    names the TP layout."""
     fits = any(est.fits[c] for c in AUTO_COLUMNS)
     col = est.choice if est.choice in est.times else "ddp"
     t, m = est.times[col], est.machine
     inter_s = t.sent_inter / m.link("inter").bandwidth_Bps if m is not None and t.sent_inter else 0.0
-    note = tp_sentence(options, fits=fits, inter_s=inter_s, compute_s=t.compute_s, step_s=t.predicted_s)
-    reason = f"{est.reason}; {note}" if note else est.reason
-    return dataclasses.replace(est, tp_options=options, reason=reason)
+    pick, why = tp_pick(options, fits=fits, inter_s=inter_s, compute_s=t.compute_s, step_s=t.predicted_s)
+    if pick is None or cfg.parallel.strategy != "auto":
+        hint = f"{why}: run with --parallel.tp {pick.tp}" if pick is not None else why
+        return dataclasses.replace(est, tp_options=options, reason=f"{est.reason}; {hint}" if hint else est.reason)
+    tp_est = estimate(est.profile, cfg, dataclasses.replace(est.layout, tp=pick.tp), m)
+    return dataclasses.replace(tp_est, tp_options=options, reason=f"tp {pick.tp}: {why}; {tp_est.reason}")

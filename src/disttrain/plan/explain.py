@@ -33,25 +33,22 @@ def explain_plan(est: Estimate, cfg: JobConfig) -> str:
 
 
 def _tp_layouts(est: Estimate) -> str:
-    """The candidate layouts with tensor parallelism the plan weighed (beside the one it recommends at tp 1)."""
+    """The candidate layouts with tensor parallelism the plan weighed, the one it runs marked."""
     if not est.tp_options:
         return ""
-    col = est.choice if est.choice in est.plans else "ddp"  # one process: DDP's column is the plain model
-    t, total = est.times[col], est.plans[col].total
     lines = [
         "candidate layouts (tensor parallelism within a node; the strategy each would run over its TP groups):",
-        f"{'layout':<28} {'per rank':>10} {'fits':>4} {'step':>8} {'sent across nodes':>17}",
-        f"{LABELS[col] + ' (tp 1)':<28} {fmt_bytes(total):>10} {'yes' if est.fits[col] else 'NO':>4} "
-        f"{seconds(t.predicted_s):>8} {fmt_bytes(int(t.sent_inter)):>17}",
+        f"  {'layout':<28} {'per rank':>10} {'fits':>4} {'step':>8} {'sent across nodes':>17}",
     ]
     for o in est.tp_options:
+        mark = "*" if o.tp == est.layout.tp else " "
         lines.append(
-            f"{o.label:<28} {fmt_bytes(o.total):>10} {'yes' if o.fits else 'NO':>4} {seconds(o.predicted_s):>8} "
-            f"{fmt_bytes(int(o.sent_inter)):>17}"
+            f"{mark} {o.label:<28} {fmt_bytes(o.total):>10} {'yes' if o.fits else 'NO':>4} "
+            f"{seconds(o.predicted_s):>8} {fmt_bytes(int(o.sent_inter)):>17}"
         )
     lines.append(
-        "`auto` runs at the tp given (1 unless --parallel.tp says otherwise); its reason names a TP layout when one "
-        "fits where none did, or beats traffic across nodes that the compute cannot cover"
+        "* the plan above. `auto` moves to a TP layout when nothing fits without one, or when the traffic across "
+        "nodes outruns the compute and a TP layout is predicted faster; a forced strategy's reason names it"
     )
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
 from disttrain.plan.profile import sharded_bytes
 from disttrain.utils.fmt import fmt_bytes
@@ -49,7 +50,7 @@ def render(est: Estimate) -> str:
     rows.append([f"activations (AC {est.ac_alt})", *(fmt_bytes(est.activations_alt) for _ in cols)])
     rows.append(["host memory (offload)", *(fmt_bytes(est.plans[c].host) if est.plans[c].host else "-" for c in cols)])
     rows.append(["total peak", *(fmt_bytes(est.plans[c].total) for c in cols)])
-    rows.append([f"fits {fmt_bytes(lay.budget)}?", *("yes" if est.fits[c] else "NO" for c in cols)])
+    rows.append([f"fits {fmt_bytes(lay.budget)}?", *(_fits(est, c) for c in cols)])
     rows.extend(_time_rows(est, cols))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
@@ -66,6 +67,15 @@ def render(est: Estimate) -> str:
         out.append(machine_line(est))
     out.append(f"recommended: {est.choice} — {est.reason}")
     return "\n".join(out)
+
+
+def _fits(est: Estimate, column: str) -> str:
+    fits = "yes" if est.fits[column] else "NO"
+    try:
+        strategies.COLUMNS[column].strategy.check_tp(est.layout.dp_world, est.layout.tp)
+    except ConfigError:
+        return f"{fits} (not with TP)"
+    return fits
 
 
 def _tp(tp: int) -> str:

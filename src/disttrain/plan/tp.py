@@ -16,7 +16,7 @@ computes (a *local profile*), and TP's collectives per optimizer step. Pure arit
   large at the start of backward) are split over tp; without, the logits are gathered, whole on each rank;
 - compute: the FLOPs and, with sequence parallelism, the element-wise work split over tp; every rank
   dispatches every operator, so the framework time per operator does not shrink;
-- candidates (:class:`TPOption`, :func:`tp_degrees`, :func:`tp_sentence`): the TP degrees within a node that
+- candidates (:class:`TPOption`, :func:`tp_degrees`, :func:`tp_pick`): the TP degrees within a node that
   the plan weighs when a block does not fit or FSDP's traffic across nodes outruns the step's compute;
 - traffic (:func:`tp_collectives`): per block and micro-step, with sequence parallelism an all-gather of the
   (micro-batch x sequence x d_model) activations before attention and before the MLP and a reduce-scatter
@@ -155,23 +155,25 @@ def tp_degrees(nproc: int) -> list[int]:
     return [t for t in (2**i for i in range(1, max(nproc, 1).bit_length())) if nproc % t == 0]
 
 
-def tp_sentence(options: tuple[TPOption, ...], *, fits: bool, inter_s: float, compute_s: float, step_s: float) -> str:
-    """When tensor parallelism would help, one sentence that says why and how to run it ("" when it would
-    not): nothing fits without it (``fits`` False), or the chosen strategy's traffic across nodes (``inter_s``
-    seconds of the link per step) is more than its compute (``compute_s``) can cover and a TP layout is
-    predicted faster than its ``step_s``."""
-    usable = [o for o in options if o.fits]
+def tp_pick(
+    options: tuple[TPOption, ...], *, fits: bool, inter_s: float, compute_s: float, step_s: float
+) -> tuple[TPOption | None, str]:
+    """The TP layout to prefer, and one sentence that says why (None and "" when none would help; a sentence
+    and None when nothing fits with TP either): nothing fits without it (``fits`` False), or the chosen
+    strategy's traffic across nodes (``inter_s`` seconds of the link per step) is more than its compute
+    (``compute_s``) can cover and a TP layout is predicted faster than its ``step_s``. The fastest that fits."""
+    usable = [o for o in options if o.fits and o.tp > 1]
     best = min(usable, key=lambda o: o.predicted_s, default=None)
     if not fits:
         if best is None:
-            return f"tensor parallelism up to tp {max((o.tp for o in options), default=1)} does not fit either"
-        return (
-            f"with tensor parallelism {best.label} fits ({fmt_bytes(best.total)} per rank, "
-            f"{best.predicted_s:.3g} s/step): run with --parallel.tp {best.tp}"
+            return None, f"tensor parallelism up to tp {max((o.tp for o in options), default=1)} does not fit either"
+        return best, (
+            f"nothing fits without tensor parallelism, and {best.label} fits ({fmt_bytes(best.total)} per rank, "
+            f"{best.predicted_s:.3g} s/step)"
         )
     if inter_s <= compute_s or best is None or best.predicted_s >= step_s:
-        return ""
-    return (
+        return None, ""
+    return best, (
         f"the traffic across nodes takes {inter_s:.3g} s of the link per step, more than the {compute_s:.3g} s of "
-        f"compute; {best.label} is predicted {best.predicted_s:.3g} s/step: try --parallel.tp {best.tp}"
+        f"compute, and {best.label} is predicted faster ({best.predicted_s:.3g} s/step against {step_s:.3g})"
     )
