@@ -213,3 +213,12 @@ def test_run_resolves_auto_to_tensor_parallelism_when_nothing_else_fits() -> Non
     assert decision.strategy == "fsdp" and decision.parallel["tp"] == 2
     roomy = plan_job(cfg, Layout(4, 1, 64 * GiB), cross_entropy)  # fits without: tp stays as given
     assert roomy.layout.tp == 1 and "tp" not in decide(cfg, roomy).parallel
+
+
+def test_run_applies_the_tp_auto_chose(tmp_path: object) -> None:
+    p = disttrain(
+        "run", "--parallel.device-memory", "400MiB", "--precision.dtype", "fp32", "--print-config", cwd=tmp_path
+    )
+    assert p.returncode == 0, p.stderr
+    assert "auto: tp 2: nothing fits without tensor parallelism" in p.stdout, p.stdout[:2000]
+    assert "\ntp = 2\n" in p.stdout and '\nstrategy = "single"\n' in p.stdout
