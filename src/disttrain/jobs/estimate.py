@@ -103,6 +103,11 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
     nproc, nnodes = est.layout.nproc, est.layout.nnodes
     if nnodes != 1:
         raise ConfigError("--measure runs on this machine only; drop --launch.nnodes (or set it to 1)")
+    if est.layout.tp > 1:
+        raise ConfigError(
+            f"--measure runs data-parallel layouts only (not yet tensor parallelism), and this plan is at "
+            f"tp {est.layout.tp}; measure without it with --parallel.strategy fsdp --parallel.force, or drop --measure"
+        )
     check_nproc(nproc, device, oversubscribe=cfg.parallel.oversubscribe or device == "cpu")
     if nproc == 1:
         measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}
