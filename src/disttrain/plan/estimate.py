@@ -150,15 +150,15 @@ class Estimate:
     """Every grouping tried per sharded column: blocks per unit -> total bytes per rank."""
     machine: Machine | None = None
     tp_options: tuple[TPOption, ...] = ()
+    """Candidate layouts with tensor parallelism (tp 2, 4, ... within a node), weighed when the plan is at tp 1."""
     local: ModelProfile | None = None
     """What one rank of a TP group holds and computes (:func:`~disttrain.plan.tp.local_profile`); with tp 1
     the profile itself."""
 
     @property
     def rank_profile(self) -> ModelProfile:
+        """The profile one rank runs: :attr:`local` where set, else the whole model's."""
         return self.local or self.profile
-
-    """Candidate layouts with tensor parallelism (tp 2, 4, ... within a node), weighed when the plan is at tp 1."""
 
     def to_json(self) -> dict[str, Any]:
         return {
