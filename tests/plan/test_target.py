@@ -17,7 +17,9 @@ CLUSTER += ["--parallel.device", "cuda", "--model.n-layers", "80", "--model.d-mo
 
 
 def test_a_gpu_cluster_is_planned_in_bf16_from_a_cpu_machine() -> None:
-    text, js = (disttrain("estimate", *CLUSTER, *extra) for extra in ([], ["--json"]))
+    # forced: the plan stays at tp 1 (auto moves to tensor parallelism here: the test below)
+    forced = ["--parallel.strategy", "fsdp"]
+    text, js = (disttrain("estimate", *CLUSTER, *forced, *extra) for extra in ([], ["--json"]))
     assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
     assert "bf16 compute" in text.stdout, text.stdout[:400]  # was fp32: auto decided for the laptop
     out = json.loads(js.stdout)
@@ -28,10 +30,19 @@ def test_a_gpu_cluster_is_planned_in_bf16_from_a_cpu_machine() -> None:
     assert out["strategies"]["fsdp_offload"]["fits"]
     assert "FSDP with --parallel.offload fits (50.36 GiB on the device)" in out["recommendation"]["reason"]
     assert "to fit: --parallel.activation_checkpointing full" in text.stdout
+    assert "nothing fits without tensor parallelism" in out["recommendation"]["reason"]
+    assert "run with --parallel.tp 8" in out["recommendation"]["reason"]
+
+
+def test_auto_moves_to_tensor_parallelism_where_nothing_fits_without() -> None:
+    out = json.loads(disttrain("estimate", *CLUSTER, "--json").stdout)
+    assert out["layout"]["tp"] == 8 and [o["tp"] for o in out["tp_options"]] == [1, 2, 4, 8]
+    assert out["recommendation"]["reason"].startswith("tp 8: nothing fits without tensor parallelism")
+    assert out["strategies"][out["recommendation"]["strategy"]]["fits"]
 
 
 def test_explain_does_not_call_a_grouping_that_does_not_fit_one_that_fits() -> None:
-    proc = disttrain("estimate", *CLUSTER, "--explain")
+    proc = disttrain("estimate", *CLUSTER, "--parallel.strategy", "fsdp", "--explain")
     assert proc.returncode == 0, proc.stderr
     assert "chosen: 1 block(s) per unit — no grouping fits" in proc.stdout, proc.stdout[-3000:]
 

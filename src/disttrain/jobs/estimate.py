@@ -16,6 +16,7 @@ from disttrain.config import JobConfig
 from disttrain.errors import ConfigError
 from disttrain.jobs.doctor import ensure_machine
 from disttrain.launch.torchrun import check_nproc, default_nproc
+from disttrain.parallel.mesh import check_tp
 from disttrain.parallel.strategies import COLUMNS as STRATEGY_COLUMNS
 from disttrain.plan.choose import tuned_parallel
 from disttrain.plan.estimate import (
@@ -65,7 +66,10 @@ def run_estimate(
     machine = resolve_machine(
         target, dtype, bandwidth=bandwidth, inter_bandwidth=inter_bandwidth, measure_peak=target == device, nproc=nproc
     )
-    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom), cross_entropy, machine)
+    tp = cfg.parallel.tp
+    if tp > 1:
+        check_tp(tp, nproc)
+    est = plan_job(cfg, Layout(nproc, nnodes, mem, cfg.parallel.memory_headroom, tp), cross_entropy, machine)
     out: dict[str, Any] = est.to_json()
     text = render(est)
     if explain:
@@ -73,10 +77,15 @@ def run_estimate(
     if not any(est.fits[c] for c in AUTO_COLUMNS):  # what `auto` chooses from: offload is a fix, not a choice
         out["advice"] = advice(est, est.profile, resolved_precision(cfg, target))
         text += f"\nto fit: {out['advice']}"
-    if cfg.parallel.tp > 1:  # planning TP (memory, its traffic, auto) is a later step: say so, do not hide it
+    if est.layout.tp > 1:
+        given = (
+            "given by --parallel.tp"
+            if tp > 1
+            else "chosen by `auto` (see the reason; `estimate --explain` lists the candidate layouts)"
+        )
         out["tp_note"] = (
-            f"parallel.tp = {cfg.parallel.tp} is not in this plan yet: the figures above are for tp 1; "
-            "`disttrain run` takes the tensor-parallel layout as given"
+            f"each column is that strategy over the {est.layout.dp_world} data-parallel group(s) of "
+            f"tp {est.layout.tp} ranks, {given}"
         )
         text += f"\nnote: {out['tp_note']}"
     if measure:
@@ -94,6 +103,11 @@ def measure_here(cfg: JobConfig, est: Estimate, device: str) -> tuple[str, dict[
     nproc, nnodes = est.layout.nproc, est.layout.nnodes
     if nnodes != 1:
         raise ConfigError("--measure runs on this machine only; drop --launch.nnodes (or set it to 1)")
+    if est.layout.tp > 1:
+        raise ConfigError(
+            f"--measure runs data-parallel layouts only (not yet tensor parallelism), and this plan is at "
+            f"tp {est.layout.tp}; measure without it with --parallel.strategy fsdp --parallel.force, or drop --measure"
+        )
     check_nproc(nproc, device, oversubscribe=cfg.parallel.oversubscribe or device == "cpu")
     if nproc == 1:
         measured = {"ddp": run_measure(with_parallel(cfg, device=device), 1, ["single"])["single"]}

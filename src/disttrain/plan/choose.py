@@ -57,6 +57,8 @@ def decide(cfg: JobConfig, est: Estimate) -> Decision:
             choice = planned.strategy.name
             if not planned.reshard:
                 overrides = {"reshard_after_forward": "never"}
+        if lay.tp != cfg.parallel.tp:  # the plan chose tensor parallelism (plan_job's TP candidates)
+            overrides["tp"] = lay.tp
         if cfg.parallel.offload and not strategies.get(choice).shards_parameters:
             choice = "hsdp" if lay.nnodes > 1 and lay.nproc > 1 else "fsdp"
             reason = "auto: parallel.offload is set, and offloading needs sharded parameters"

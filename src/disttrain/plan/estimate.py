@@ -31,13 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from disttrain.config import DTYPES, JobConfig, parse_bytes
+from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
 from disttrain.parallel.strategies import COLUMNS, SHARDED_COLUMNS
 from disttrain.plan.comm import outer_split, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
-from disttrain.plan.render import LABELS
+from disttrain.plan.render import LABELS, label
 from disttrain.plan.timing import (
     NEAR_BEST,
     Machine,
@@ -47,6 +49,7 @@ from disttrain.plan.timing import (
     resolve_machine,
     step_time,
 )
+from disttrain.plan.tp import TPOption, local_profile, mark_split, split_dims, tp_degrees, tp_pick
 from disttrain.utils.fmt import fmt_bytes
 
 GiB = 2**30
@@ -77,16 +80,28 @@ def target_device(cfg: JobConfig) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the job runs: ranks per node, nodes, and one device's memory."""
+    """Where the job runs: ranks per node, nodes, one device's memory, and the tensor-parallel degree (TP groups
+    of ``tp`` adjacent ranks within a node; the data-parallel strategies span the ``world / tp`` groups)."""
 
     nproc: int
     nnodes: int = 1
     device_memory: int = 80 * GiB
     headroom: float = 0.1
+    tp: int = 1
 
     @property
     def world(self) -> int:
         return self.nproc * self.nnodes
+
+    @property
+    def dp_nproc(self) -> int:
+        """Data-parallel ranks (TP groups) per node."""
+        return max(self.nproc // self.tp, 1)
+
+    @property
+    def dp_world(self) -> int:
+        """Data-parallel ranks (TP groups) in all."""
+        return self.dp_nproc * self.nnodes
 
     @property
     def budget(self) -> int:
@@ -134,6 +149,16 @@ class Estimate:
     grouping_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Every grouping tried per sharded column: blocks per unit -> total bytes per rank."""
     machine: Machine | None = None
+    tp_options: tuple[TPOption, ...] = ()
+    """Candidate layouts with tensor parallelism (tp 2, 4, ... within a node), weighed when the plan is at tp 1."""
+    local: ModelProfile | None = None
+    """What one rank of a TP group holds and computes (:func:`~disttrain.plan.tp.local_profile`); with tp 1
+    the profile itself."""
+
+    @property
+    def rank_profile(self) -> ModelProfile:
+        """The profile one rank runs: :attr:`local` where set, else the whole model's."""
+        return self.local or self.profile
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,6 +173,7 @@ class Estimate:
             "recommendation": {"strategy": self.choice, "reason": self.reason},
             "step_time": {k: t.to_json() for k, t in self.times.items()},
             "machine": dataclasses.asdict(self.machine) if self.machine else None,
+            "tp_options": [dataclasses.asdict(o) for o in self.tp_options],
         }
 
 
@@ -186,9 +212,13 @@ def _sharded_plan(
 def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None = None) -> Estimate:
     """Per-rank plans and predicted step times for every strategy at ``layout``, and the recommendation.
     Sharded columns use the grouping of blocks into units that :func:`~disttrain.plan.timing.best_grouping`
-    picks (or ``parallel.blocks_per_unit`` when set)."""
+    picks (or ``parallel.blocks_per_unit`` when set). With ``layout.tp`` > 1 every column is that strategy over
+    the TP groups, on what one rank of a group holds (:func:`~disttrain.plan.tp.local_profile`)."""
     cfg = resolved_precision(cfg)
     machine = machine or resolve_machine(target_device(cfg), cfg.precision.dtype, nproc=layout.nproc)
+    full, tp, nproc = prof, layout.tp, layout.dp_nproc
+    par = cfg.parallel
+    prof = local_profile(prof, tp, sequence_parallel=par.sequence_parallel, loss_parallel=par.loss_parallel)
     ac = cfg.parallel.activation_checkpointing
     act = prof.activations(ac)
     ac_alt = "full" if ac == "none" else "none"
@@ -206,15 +236,15 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
             act,
         )
     }
-    times = {"ddp": step_time("ddp", prof, cfg, machine, layout.nproc, layout.nnodes, 1)}
+    times = {"ddp": step_time("ddp", prof, cfg, machine, nproc, layout.nnodes, 1, tp=tp)}
     groupings: dict[str, dict[int, StepTime]] = {}
     grouping_bytes: dict[str, dict[int, int]] = {}
     fixed = cfg.parallel.blocks_per_unit
     for col in SHARDED_COLUMNS:
-        n = COLUMNS[col].shard_degree(layout.nproc, layout.nnodes)
+        n = COLUMNS[col].shard_degree(nproc, layout.nnodes)
         ks = [int(fixed)] if fixed != "auto" else grouping_candidates(prof.n_blocks)
         by_k = {k: _sharded_plan(col, prof, n, cfg, act, COLUMNS[col].reshard, k) for k in ks}
-        groupings[col] = {k: step_time(col, prof, cfg, machine, layout.nproc, layout.nnodes, k) for k in ks}
+        groupings[col] = {k: step_time(col, prof, cfg, machine, nproc, layout.nnodes, k, tp=tp) for k in ks}
         k = (
             best_grouping(groupings[col], {k: p.total <= layout.budget for k, p in by_k.items()})
             if len(ks) > 1
@@ -225,7 +255,7 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
     fits = {k: p.total <= layout.budget for k, p in plans.items()}
     est = Estimate(
         layout,
-        prof,
+        full,
         ac,
         plans,
         prof.activations(ac_alt),
@@ -235,6 +265,7 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
         groupings=groupings,
         grouping_bytes=grouping_bytes,
         machine=machine,
+        local=prof,
     )
     choice, reason = recommend(est)
     return dataclasses.replace(est, choice=choice, reason=reason)
@@ -247,12 +278,14 @@ def recommend(est: Estimate) -> tuple[str, str]:
     """The plan column ``auto`` runs, and why, in one sentence: among the strategies that fit, the one predicted
     fastest, or the simplest of those within 1% of it (HSDP only across nodes: on one node it is FSDP)."""
     lay, p, t = est.layout, est.plans, est.times
+    nproc, names = lay.dp_nproc, {c: label(c, lay.tp) for c in LABELS}
     usable = f"{fmt_bytes(lay.budget)} usable per device ({fmt_bytes(lay.device_memory)} less {lay.headroom:.0%})"
-    ddp = f"DDP needs {fmt_bytes(p['ddp'].total)} per rank"
-    if lay.world == 1:
+    ddp = f"{names['ddp']} needs {fmt_bytes(p['ddp'].total)} per rank"
+    if lay.dp_world == 1:
         verdict = "fits" if est.fits["ddp"] else "does NOT fit"
-        return "single", f"one process: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
-    cols = [c for c in AUTO_COLUMNS if est.fits[c] and COLUMNS[c].distinct_at(lay.nproc, lay.nnodes)]
+        alone = f"tensor parallelism alone (tp {lay.tp})" if lay.tp > 1 else "one process"
+        return "single", f"{alone}: the model {verdict} ({fmt_bytes(p['ddp'].total)} of {usable})"
+    cols = [c for c in AUTO_COLUMNS if est.fits[c] and runs_at(c, lay) and COLUMNS[c].distinct_at(nproc, lay.nnodes)]
     if not cols:
         offload = p["fsdp_offload"]
         also = (
@@ -267,15 +300,24 @@ def recommend(est: Estimate) -> tuple[str, str]:
     others = [c for c in ranked if c != best]
     tie = best != ranked[0]
     why = (
-        f"{LABELS[best]} is predicted {f'within {NEAR_BEST:.0%} of the fastest' if tie else 'fastest'} {_when(t[best])}"
+        f"{names[best]} is predicted {f'within {NEAR_BEST:.0%} of the fastest' if tie else 'fastest'} {_when(t[best])}"
     )
     if others:
-        why += f", against {LABELS[others[0]]} {_when(t[others[0]])}"
+        why += f", against {names[others[0]]} {_when(t[others[0]])}"
         why += "; that close is a tie, and a tie goes to the simpler strategy" if tie else ""
     memory = f"{ddp} of {usable}: it fits" if est.fits["ddp"] else f"{ddp}, more than the {usable}"
-    if COLUMNS[best].shard_degree(lay.nproc, lay.nnodes) < lay.world:
+    if COLUMNS[best].sharded and COLUMNS[best].shard_degree(nproc, lay.nnodes) < lay.dp_world:
         why += "; HSDP keeps all-gathers inside a node and only all-reduces gradient shards across nodes"
     return best, f"{memory}; of what fits, {why}"
+
+
+def runs_at(column: str, layout: Layout) -> bool:
+    """Whether the column's strategy runs over ``layout``'s TP groups (DDP does not compose with TP)."""
+    try:
+        COLUMNS[column].strategy.check_tp(layout.dp_world, layout.tp)
+    except ConfigError:
+        return False
+    return True
 
 
 def _when(t: StepTime) -> str:
@@ -290,6 +332,10 @@ def advice(est: Estimate, prof: ModelProfile, cfg: JobConfig) -> str:
         alt = estimate(prof, with_parallel(cfg, activation_checkpointing="full"), est.layout).plans["fsdp"]
         tips.append(f"--parallel.activation_checkpointing full (FSDP then needs {fmt_bytes(alt.total)})")
     tips.append(f"--parallel.offload ({fmt_bytes(est.plans['fsdp_offload'].total)} on the device)")
+    fitting = [o for o in est.tp_options if o.fits and o.tp != est.layout.tp]
+    if fitting:
+        o = min(fitting, key=lambda o: o.predicted_s)
+        tips.append(f"--parallel.tp {o.tp} ({o.label} needs {fmt_bytes(o.total)})")
     tips.append("more ranks, a smaller micro-batch, or --parallel.force to try anyway")
     return "; ".join(tips)
 
@@ -344,4 +390,69 @@ def plan_job(cfg: JobConfig, layout: Layout, loss_fn: LossFn, machine: Machine |
         attention=attention_for(device),
         loss_fn=loss_fn,
     )
-    return estimate(prof, cfg, layout, machine)
+    degrees = tp_degrees(layout.nproc) if layout.tp == 1 else [layout.tp]
+    styles, degrees = _tp_plan(model, cfg, degrees, required=layout.tp > 1)
+    if styles:
+        prof = mark_split(prof, split_dims(model, styles))
+    est = estimate(prof, cfg, layout, machine)
+    if layout.tp > 1 or not degrees:
+        return est
+    options = (as_option(est), *(tp_option(prof, cfg, layout, est.machine, t) for t in degrees))
+    return with_tp_options(est, cfg, options)
+
+
+def _tp_plan(
+    model: nn.Module, cfg: JobConfig, degrees: list[int], required: bool
+) -> tuple[dict[str, Any] | None, list[int]]:
+    """The model's TP styles and the degrees its plan allows (heads and widths divide); where the model has no
+    TP plan, none (a ConfigError only when ``required``: the job asked for tp > 1)."""
+    from disttrain.parallel.tp import check_plan
+    from disttrain.parallel.tp_plans import plan_for
+
+    par = cfg.parallel
+    try:
+        plan = plan_for(model, cfg.model.tp_plan, par.loss_parallel, par.sequence_parallel)
+    except ConfigError:
+        if required:
+            raise
+        return None, []
+    ok = []
+    for t in degrees:
+        try:
+            check_plan(model, plan, t)
+        except ConfigError:
+            if required:
+                raise
+            continue
+        ok.append(t)
+    return dict(plan.styles), ok
+
+
+def tp_option(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None, tp: int) -> TPOption:
+    """The plan at ``tp``: the column ``auto`` would pick over the TP groups (DDP's column, no data-parallel
+    traffic, where one group fills the job), its bytes and step."""
+    return as_option(estimate(prof, cfg, dataclasses.replace(layout, tp=tp), machine))
+
+
+def as_option(e: Estimate) -> TPOption:
+    """A plan as one candidate layout: the column it recommends, its bytes and step."""
+    col, tp = (e.choice if e.choice in e.plans else "ddp"), e.layout.tp
+    name = label(col, tp) if e.layout.dp_world > 1 or tp == 1 else f"tp {tp} alone"
+    t = e.times[col]
+    return TPOption(tp, col, name, e.plans[col].total, e.fits[col], t.predicted_s, t.sent_inter)
+
+
+def with_tp_options(est: Estimate, cfg: JobConfig, options: tuple[TPOption, ...]) -> Estimate:
+    """``est`` with its TP candidates. Where one helps (:func:`~disttrain.plan.tp.tp_pick`) and the strategy is
+    ``auto``, the plan at that TP degree, its reason saying why; with a forced strategy, ``est`` whose reason
+    names the TP layout."""
+    fits = any(est.fits[c] for c in AUTO_COLUMNS)
+    col = est.choice if est.choice in est.times else "ddp"
+    t, m = est.times[col], est.machine
+    inter_s = t.sent_inter / m.link("inter").bandwidth_Bps if m is not None and t.sent_inter else 0.0
+    pick, why = tp_pick(options, fits=fits, inter_s=inter_s, compute_s=t.compute_s, step_s=t.predicted_s)
+    if pick is None or cfg.parallel.strategy != "auto":
+        hint = f"{why}: run with --parallel.tp {pick.tp}" if pick is not None else why
+        return dataclasses.replace(est, tp_options=options, reason=f"{est.reason}; {hint}" if hint else est.reason)
+    tp_est = estimate(est.profile, cfg, dataclasses.replace(est.layout, tp=pick.tp), m)
+    return dataclasses.replace(tp_est, tp_options=options, reason=f"tp {pick.tp}: {why}; {tp_est.reason}")

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from disttrain.config import DTYPES, JobConfig
 from disttrain.parallel.strategies import COLUMNS
 from disttrain.plan.comm import collectives, outer_split, unit_numels
-from disttrain.plan.render import LABELS, seconds
+from disttrain.plan.render import LABELS, label, seconds
 from disttrain.plan.timing import NEAR_BEST
+from disttrain.plan.tp import tp_collectives
 from disttrain.utils.fmt import fmt_bytes
 
 if TYPE_CHECKING:
@@ -27,16 +28,38 @@ def explain_plan(est: Estimate, cfg: JobConfig) -> str:
     base = chosen.strategy.name if chosen is not None and chosen.sharded else "fsdp"  # its plain column
     parts = [_groupings(est, cfg, base), _prefetch(est)]
     parts.append(_collectives(est, cfg))
+    parts.append(_tp_layouts(est))
     return "\n\n".join(p for p in parts if p)
+
+
+def _tp_layouts(est: Estimate) -> str:
+    """The candidate layouts with tensor parallelism the plan weighed, the one it runs marked."""
+    if not est.tp_options:
+        return ""
+    lines = [
+        "candidate layouts (tensor parallelism within a node; the strategy each would run over its TP groups):",
+        f"  {'layout':<28} {'per rank':>10} {'fits':>4} {'step':>8} {'sent across nodes':>17}",
+    ]
+    for o in est.tp_options:
+        mark = "*" if o.tp == est.layout.tp else " "
+        lines.append(
+            f"{mark} {o.label:<28} {fmt_bytes(o.total):>10} {'yes' if o.fits else 'NO':>4} "
+            f"{seconds(o.predicted_s):>8} {fmt_bytes(int(o.sent_inter)):>17}"
+        )
+    lines.append(
+        "* the plan above. `auto` moves to a TP layout when nothing fits without one, or when the traffic across "
+        "nodes outruns the compute and a TP layout is predicted faster; a forced strategy's reason names it"
+    )
+    return "\n".join(lines)
 
 
 def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
     tried = est.groupings.get(col, {})
-    if not tried or est.machine is None or est.layout.world <= 1:
+    if not tried or est.machine is None or est.layout.dp_world <= 1:
         return ""
-    lay, prof = est.layout, est.profile
-    shard = COLUMNS[col].shard_degree(lay.nproc, lay.nnodes)
-    link = est.machine.link("inter" if shard == lay.world and lay.nnodes > 1 else "intra")
+    lay, prof = est.layout, est.rank_profile
+    shard = COLUMNS[col].shard_degree(lay.dp_nproc, lay.nnodes)
+    link = est.machine.link("inter" if shard == lay.dp_world and lay.nnodes > 1 else "intra")
     cb = DTYPES[cfg.precision.dtype].itemsize
     lines = [
         f"{LABELS[col]}: {prof.n_blocks} blocks grouped into units (one all-gather and one reduce-scatter per "
@@ -71,9 +94,9 @@ def _groupings(est: Estimate, cfg: JobConfig, col: str) -> str:
 def _root_units(est: Estimate, cfg: JobConfig, shard: int, blocks_per_unit: int) -> str:
     """Where the parameters outside the blocks (embeddings, final norm, head) go, and why."""
     setting = cfg.parallel.root_units
-    outside, _, split = outer_split(est.profile, shard, blocks_per_unit, setting)
+    outside, _, split = outer_split(est.rank_profile, shard, blocks_per_unit, setting)
     if not outside:
-        root = unit_numels(est.profile, shard, blocks_per_unit)[0]
+        root = unit_numels(est.rank_profile, shard, blocks_per_unit)[0]
         return f"embeddings and head: in the root unit ({fmt_bytes(4 * root)} fp32; none can be a unit of its own)"
     why = (
         f"parallel.root_units = {setting}"
@@ -90,7 +113,7 @@ def _root_units(est: Estimate, cfg: JobConfig, shard: int, blocks_per_unit: int)
 
 def _prefetch(est: Estimate) -> str:
     t = est.times.get("fsdp")
-    if t is None or est.machine is None or est.layout.world <= 1:
+    if t is None or est.machine is None or est.layout.dp_world <= 1:
         return ""
     if not est.machine.overlap:
         return (
@@ -108,8 +131,10 @@ def _collectives(est: Estimate, cfg: JobConfig) -> str:
     if est.machine is None or est.layout.world <= 1:
         return ""
     t = est.times[col]
-    colls = collectives(col, est.profile, cfg, est.layout.nproc, est.layout.nnodes, max(t.blocks_per_unit, 1))
-    lines = [f"collectives of {LABELS[col]} per optimizer step (each rank):"]
+    lay, prof = est.layout, est.rank_profile
+    colls = collectives(col, prof, cfg, lay.dp_nproc, lay.nnodes, max(t.blocks_per_unit, 1))
+    colls += tp_collectives(prof, cfg, lay.tp, lay.dp_world)
+    lines = [f"collectives of {label(col, lay.tp)} per optimizer step (each rank):"]
     lines.append(f"{'what':<36} {'kind':<14} {'buffer':>10} {'ranks':>5} {'link':>5} {'calls':>5} {'time':>8}")
     same: dict[tuple[str, str, int, int, str], int] = {}
     for c in colls:  # units of one size: one line

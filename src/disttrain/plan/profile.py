@@ -41,6 +41,11 @@ class ParamInfo:
     """Index of the FSDP block that owns it; else ROOT (held by the root unit in any case), BEFORE (a module
     before the blocks: an embedding) or AFTER (final norm, head), which may be units of their own."""
     trainable: bool
+    name: str = ""
+    """The parameter's name in the model (its first name, where it is tied)."""
+    tp_dim: int = -1
+    """The dimension the tensor-parallel plan splits (-1: replicated over the TP group; see
+    :mod:`disttrain.plan.tp`)."""
 
     @property
     def numel(self) -> int:
@@ -142,7 +147,9 @@ def param_infos(model: nn.Module, blocks: list[nn.Module]) -> tuple[ParamInfo, .
         for m in modules:
             for p in m.parameters():
                 owner.setdefault(id(p), side)
-    return tuple(ParamInfo(tuple(p.shape), owner.get(id(p), ROOT), p.requires_grad) for p in model.parameters())
+    return tuple(
+        ParamInfo(tuple(p.shape), owner.get(id(p), ROOT), p.requires_grad, name) for name, p in model.named_parameters()
+    )
 
 
 def meta_stand_ins(model: nn.Module, compute_dtype: str) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
 from disttrain.plan.profile import sharded_bytes
 from disttrain.utils.fmt import fmt_bytes
@@ -23,13 +24,20 @@ LABELS = {key: column.label for key, column in strategies.COLUMNS.items()}
 ROWS = ("params", "grads", "optimizer", "gathered", "activations", "total")
 
 
+def label(column: str, tp: int = 1) -> str:
+    """A plan column's name, with the tensor-parallel degree when there is one: ``FSDP x tp 2``."""
+    return f"{LABELS[column]} x tp {tp}" if tp > 1 else LABELS[column]
+
+
 def render(est: Estimate) -> str:
     """The per-rank table as text, then the recommendation."""
     lay = est.layout
     cols = list(COLUMNS)
-    head = ["per rank", *(LABELS[c] for c in cols)]
+    head = ["per rank", *(label(c, lay.tp) for c in cols)]
     shard_row = ["shard degree", *(str(est.plans[c].shard) for c in cols)]
     rows = [shard_row]
+    if lay.tp > 1:
+        rows.append(["tp degree", *(str(lay.tp) for _ in cols)])
     names = {
         "params": "parameters (fp32)",
         "grads": "gradients (fp32)",
@@ -42,14 +50,14 @@ def render(est: Estimate) -> str:
     rows.append([f"activations (AC {est.ac_alt})", *(fmt_bytes(est.activations_alt) for _ in cols)])
     rows.append(["host memory (offload)", *(fmt_bytes(est.plans[c].host) if est.plans[c].host else "-" for c in cols)])
     rows.append(["total peak", *(fmt_bytes(est.plans[c].total) for c in cols)])
-    rows.append([f"fits {fmt_bytes(lay.budget)}?", *("yes" if est.fits[c] else "NO" for c in cols)])
+    rows.append([f"fits {fmt_bytes(lay.budget)}?", *(_fits(est, c) for c in cols)])
     rows.extend(_time_rows(est, cols))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
     out = [
         f"memory plan per rank: {est.profile.n_params / 1e6:,.1f}M parameters, {lay.nproc} rank(s) x "
-        f"{lay.nnodes} node(s), micro-batch {est.profile.micro_batch}, {est.profile.compute_dtype} compute, "
-        f"{est.profile.attention} attention, "
+        f"{lay.nnodes} node(s){_tp(lay.tp)}, micro-batch {est.profile.micro_batch}, "
+        f"{est.profile.compute_dtype} compute, {est.profile.attention} attention, "
         f"device memory {fmt_bytes(lay.device_memory)} - {lay.headroom:.0%} headroom",
         _line(head, widths),
         line,
@@ -59,6 +67,19 @@ def render(est: Estimate) -> str:
         out.append(machine_line(est))
     out.append(f"recommended: {est.choice} — {est.reason}")
     return "\n".join(out)
+
+
+def _fits(est: Estimate, column: str) -> str:
+    fits = "yes" if est.fits[column] else "NO"
+    try:
+        strategies.COLUMNS[column].strategy.check_tp(est.layout.dp_world, est.layout.tp)
+    except ConfigError:
+        return f"{fits} (not with TP)"
+    return fits
+
+
+def _tp(tp: int) -> str:
+    return f" (tensor parallel: tp {tp})" if tp > 1 else ""
 
 
 def _time_rows(est: Estimate, cols: list[str]) -> list[list[str]]:

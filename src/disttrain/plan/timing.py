@@ -15,7 +15,7 @@ Also the two knobs the plan resolves for FSDP: how many adjacent blocks one unit
 the fewest that come within 1% of the fastest grouping that fits in memory) and the prefetch depth that hides
 an all-gather behind the previous unit's compute.
 May import: ``disttrain.config``, ``disttrain.utils``, ``disttrain.plan.profile``, ``disttrain.plan.comm``,
-``disttrain.plan.machine``.
+``disttrain.plan.machine``, ``disttrain.plan.tp``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from disttrain.parallel.strategies import COLUMNS
 from disttrain.plan.comm import Collective, accum_steps, collectives, unit_numels
 from disttrain.plan.machine import LinkFit, MachineProfile, load_machine, parse_bandwidth, save_machine
 from disttrain.plan.profile import ModelProfile, sharded_bytes
+from disttrain.plan.tp import tp_collectives
 
 # Fraction of the matmul peak a training step's counted FLOPs reach when nothing better is known (measured:
 # the default GPT, one process, fp32 on a 2-core AVX2 EPYC; torchtitan-class GPU jobs reach ~0.4 of bf16 peak).
@@ -290,33 +291,48 @@ def _time(c: Collective, machine: Machine) -> float:
 
 
 def step_time(
-    strategy: str, prof: ModelProfile, cfg: JobConfig, machine: Machine, nproc: int, nnodes: int, blocks_per_unit: int
+    strategy: str,
+    prof: ModelProfile,
+    cfg: JobConfig,
+    machine: Machine,
+    nproc: int,
+    nnodes: int,
+    blocks_per_unit: int,
+    tp: int = 1,
 ) -> StepTime:
-    """Predicted time of one optimizer step of ``strategy`` (a plan column) with ``blocks_per_unit``."""
-    world = nproc * nnodes
+    """Predicted time of one optimizer step of ``strategy`` (a plan column) with ``blocks_per_unit``. With
+    ``tp`` > 1, ``nproc`` counts the data-parallel ranks (TP groups) per node, ``prof`` is what one rank of a
+    TP group holds (:func:`~disttrain.plan.tp.local_profile`), and TP's collectives
+    (:func:`~disttrain.plan.tp.tp_collectives`) add to the step: they sit between a block's matmuls, so
+    nothing hides them (gloo or NCCL alike)."""
+    world = nproc * nnodes  # data-parallel ranks
+    ranks = nproc * tp  # ranks per node that share its cores
     column = COLUMNS[strategy]
     sharded = column.sharded and world > 1
     shard = column.shard_degree(nproc, nnodes)
-    accum = accum_steps(cfg, world)  # every strategy here is data parallel over all ranks
+    accum = accum_steps(cfg, world)  # every strategy here is data parallel over all TP groups
     compute = machine.compute_s(
-        prof.train_flops * accum, prof.forward_ops * accum, nproc, prof.forward_elements * accum
+        prof.train_flops * accum, prof.forward_ops * accum, ranks, prof.forward_elements * accum
     )
-    framework = compute - machine.compute_s(prof.train_flops * accum, 0, nproc)
+    framework = compute - machine.compute_s(prof.train_flops * accum, 0, ranks)
     colls = collectives(strategy, prof, cfg, nproc, nnodes, blocks_per_unit)
     comm = sum(_time(c, machine) for c in colls)
     overhead, exposed, prefetch = 0.0, comm, 0
     if sharded:
         _, units = unit_numels(prof, shard, blocks_per_unit, cfg.parallel.root_units)
         passes = sum(c.count for c in colls if c.kind == "all_gather")
-        overhead = passes * machine.unit_overhead_s(nproc)
+        overhead = passes * machine.unit_overhead_s(ranks)
         exposed, prefetch = _fsdp_exposed(colls, compute, accum, len(units) + 1, machine)
     elif world > 1:
         exposed = _ddp_exposed(colls, compute / accum, machine)
+    tp_colls = tp_collectives(prof, cfg, tp, world)
+    tp_comm = sum(_time(c, machine) for c in tp_colls)
+    comm, exposed, colls = comm + tp_comm, exposed + tp_comm, colls + tp_colls
     sent = {"intra": 0.0, "inter": 0.0}
     for c in colls:
         sent[c.link] += c.sent
     held = sharded_bytes(prof.params, shard if sharded else 1, 1, trainable_only=True)  # elements: 1 byte each
-    optimizer = machine.elementwise_s(OPTIMIZER_ELEMENTS_PER_PARAM * held, nproc)
+    optimizer = machine.elementwise_s(OPTIMIZER_ELEMENTS_PER_PARAM * held, ranks)
     return StepTime(
         strategy,
         blocks_per_unit if column.sharded else 0,

@@ -55,6 +55,8 @@ def resolve(cfg: JobConfig) -> ResolvedJob:
     check_inputs(cfg)  # data.path and checkpoint.resume, before the plan reads the data
     cfg = resolved_precision(cfg, device)
     choice = choose_strategy(cfg, nproc, max_nodes, device)
+    if "tp" in choice.parallel:  # `auto` chose tensor parallelism: the degrees follow from it
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=choice.parallel["tp"]))
     dims = ParallelDims.from_config(cfg.parallel, nproc * max_nodes, nproc, choice.strategy)
     batch = resolve_batch(cfg.train, dims.dp_size)
     resolved: dict[str, Any] = {"nproc": nproc, "device": device, "strategy": dims.strategy, **choice.parallel}
