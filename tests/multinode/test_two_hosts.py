@@ -189,7 +189,8 @@ def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_tex
 def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_over_it(tmp_path: Path) -> None:
     """Two hosts joined by a 20 Mbit/s link (tc), each in its own PID namespace (else TensorPipe copies tensors
     between them in memory): doctor checks the rendezvous, the clocks and the links within minutes, and caches
-    the RPC link; `ps --plan` for 2 nodes predicts, from it, the samples/s the ps job then reaches over it."""
+    the RPC link and that both "nodes" share one machine; `ps --plan` for 2 nodes predicts, from it, the
+    samples/s the ps job then reaches over it."""
     from disttrain.jobs.ps_plan import ERROR
 
     caches = [tmp_path / "cache-a", tmp_path / "cache-b"]
@@ -225,6 +226,7 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
         assert plan.returncode == 0 and "rpc across nodes" in plan.stdout, plan.stdout + plan.stderr[-2000:]
         speed = next(x for x in plan.stdout.splitlines() if x.startswith("speed"))
         assert "set by messages" in speed, plan.stdout
+        assert "2 nodes sharing this machine's" in speed, plan.stdout  # one boot id at both ends: one machine's cores
         predicted = float(speed.split("~")[1].split()[0].replace(",", ""))
         runs = finish([h.disttrain(*job, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate((a, b))])
     assert all(r.returncode == 0 for r in runs), runs[0].stdout + runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
