@@ -12,6 +12,8 @@ from torch.distributed.checkpoint import state_dict as _dsd
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from disttrain.parallel.held_order import state_to_defined, state_to_held
+
 
 class ModelOptimState(Stateful):
     """Model + optimizer as DCP state dicts (sharded under FSDP; FQNs without DDP's ``module.``)."""
@@ -25,12 +27,15 @@ class ModelOptimState(Stateful):
         if self.optimizer is None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-            return {"model": get_model_state_dict(self.model)}
+            msd = get_model_state_dict(self.model)
+            state_to_defined(self.model, msd)
+            return {"model": msd}
         # get_state_dict(model, optimizer), with its analysis of the model kept between saves
         info = self._state_dict_info(self.optimizer)
         msd = _dsd._get_model_state_dict(self.model, info)
         osd = _dsd._get_optim_state_dict(self.model, (self.optimizer,), info)
         _dsd._verify_state_dict(msd, osd, info)
+        state_to_defined(self.model, msd, osd)  # in the model's own order, whatever a TP plan holds
         return {"model": msd, "optim": osd}
 
     def _state_dict_info(self, optimizer: torch.optim.Optimizer) -> Any:
@@ -50,6 +55,7 @@ class ModelOptimState(Stateful):
         return info
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_to_held(self.model, state_dict["model"], state_dict.get("optim"))
         if self.optimizer is None or "optim" not in state_dict:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
