@@ -14,6 +14,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from disttrain.parallel.held_order import state_to_defined, state_to_held
 
+IMPLEMENTATION = ("fused", "foreach")
+"""Optimizer options that say how it steps, not what it computes: kept from the optimizer a job built."""
+
 
 class ModelOptimState(Stateful):
     """Model + optimizer as DCP state dicts (sharded under FSDP; FQNs without DDP's ``module.``)."""
@@ -61,6 +64,9 @@ class ModelOptimState(Stateful):
 
             set_model_state_dict(self.model, state_dict["model"])
             return
+        # how the optimizer steps (fused, foreach) is this layout's choice, not the saving one's: fused kernels
+        # refuse the DTensors of a tensor-parallel model that resumes a single process's checkpoint
+        kernels = [{k: g[k] for k in IMPLEMENTATION if k in g} for g in self.optimizer.param_groups]
         set_state_dict(
             self.model,
             self.optimizer,
@@ -68,6 +74,8 @@ class ModelOptimState(Stateful):
             optim_state_dict=state_dict["optim"],
             options=StateDictOptions(strict=True),
         )
+        for group, own in zip(self.optimizer.param_groups, kernels, strict=True):
+            group.update(own)
 
 
 def rng_state() -> dict[str, torch.Tensor]:
