@@ -59,6 +59,23 @@ def test_the_gpt_plan_splits_weights_in_the_documented_dimensions() -> None:
     assert not any(".ln" in n or n.startswith("ln_f") for n in dims)  # norms: whole on every rank
 
 
+def test_gpt2s_conv1d_layers_split_in_the_transposed_dimensions() -> None:
+    transformers = pytest.importorskip("transformers")
+    import hf_models
+    from disttrain.parallel.tp_plans import hf_plan
+
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(hf_models.gpt2_config())
+    plan = hf_plan(model)
+    assert plan is not None
+    dims = split_dims(model, plan.styles)
+    h = "transformer.h.0"
+    assert dims[f"{h}.attn.c_attn.weight"] == 1 and dims[f"{h}.attn.c_attn.bias"] == 0  # Conv1D (in, out): out
+    assert dims[f"{h}.mlp.c_fc.weight"] == 1 and dims[f"{h}.mlp.c_fc.bias"] == 0
+    assert dims[f"{h}.attn.c_proj.weight"] == 0 and dims[f"{h}.mlp.c_proj.weight"] == 0  # row-wise: in
+    assert f"{h}.attn.c_proj.bias" not in dims and not any("wte" in n or "ln_" in n for n in dims)
+
+
 # Elements one rank holds at tp 2, by hand (V = 65, d = 32, 2 blocks):
 #   tok_emb 65 x 32 -> 33 rows x 32 = 1056; pos_emb 32 x 32 -> 16 x 32 = 512; head 65 x 32 -> 33 x 32 = 1056
 #   a block: ln1 + ln2 4 x 32 = 128 whole; qkv 96 x 32 -> 48 x 32 = 1536, bias 48; attn.proj 32 x 32 -> 32 x 16 =

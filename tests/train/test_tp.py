@@ -1,6 +1,7 @@
 """Tensor parallelism on real gloo processes against one process (fp32): the built-in GPT under tp 2 (loss
 parallel and gathered logits, activation checkpointing with accumulation, bf16, fp16), dp 2 x tp 2 (FSDP after TP) and
-HSDP 2 x 1 x tp 2 on 4 ranks, a Hugging Face Llama under tp 2 (its config's own plan), and one training
+HSDP 2 x 1 x tp 2 on 4 ranks, a Hugging Face Llama under tp 2 (its config's own plan), a Hugging Face GPT-2 under tp 2
+(disttrain's plan; resumed from one process's checkpoint, saving the same tensors), and one training
 trajectory moved across layouts through DCP checkpoints: dp 2 x tp 2 -> dp 4 -> one process.
 
 Every figure is in one launch per layout (imports cost ~2 s per rank here): five launches in all, and one run
@@ -48,6 +49,7 @@ def _ckpt(spec: dict[str, Any], folder: Path, resume: str) -> dict[str, Any]:
 
 
 LLAMA = {"module": "hf_models:llama"}
+GPT2 = {"module": "hf_models:gpt2"}
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +66,26 @@ def results(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dict[
         return spec
 
     def one_and_two() -> dict[str, Any]:
-        single = [job("gpt", 16, strategy="single"), job("llama", 16, LLAMA, strategy="single")]
+        gpt2_one, gpt2_two = tmp / "gpt2-1", tmp / "gpt2-2"  # GPT-2's checkpoints: one process, then tp 2
+        single = [
+            job("gpt", 16, strategy="single"),
+            job("llama", 16, LLAMA, strategy="single"),
+            _ckpt(job("gpt2", 16, GPT2, strategy="single"), gpt2_one, "never"),
+        ]
         pair = [
             job("gpt", 16, tp=2),
             job("gathered", 16, tp=2, loss_parallel=False, sequence_parallel=False),
             job("ac_accum", 8, tp=2, activation_checkpointing="full"),
             job("llama", 16, LLAMA, tp=2),
+            job("gpt2", 16, GPT2, tp=2),
+            _ckpt(job("gpt2_resumed", 16, GPT2, tp=2), gpt2_two, str(gpt2_one / "step-00000006")),
             half("bf16", 16, "bf16", tp=2),
             half("fp16", 16, "fp16", tp=2),
         ]
         return {
             "single": run_scenario(tmp, "single", 1, [*single, half("bf16", 16, "bf16", strategy="single")])[0],
             "tp2": run_scenario(tmp, "tp2", 2, pair),
+            "gpt2_ckpts": {"one": str(gpt2_one / "step-00000009"), "tp2": str(gpt2_two / "step-00000009")},
         }
 
     def across_layouts() -> dict[str, Any]:
@@ -129,6 +139,35 @@ def test_hf_llama_under_tp2_equals_one_process(results: dict[str, Any]) -> None:
         assert _gap(losses(r, "llama"), ref) <= 1e-5
         assert r["llama"]["tp"]["split"] == 2 * 7  # q, k, v, o, gate, up, down per layer (no biases)
         assert not r["llama"]["tp"]["vocab_parallel"]
+
+
+def test_hf_gpt2_under_tp2_equals_one_process(results: dict[str, Any]) -> None:
+    """GPT-2's Conv1D layers split by disttrain's plan (c_attn by whole heads); its checkpoints keep GPT-2's own
+    q | k | v order: tp 2 resumes one process's and saves what one process saves."""
+    ref = losses(results["single"], "gpt2")
+    assert ref[-1] < ref[0] - 0.3
+    for r in results["tp2"]:
+        assert _gap(losses(r, "gpt2"), ref) <= 1e-5, _gap(losses(r, "gpt2"), ref)
+        # c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj: weight and bias (a row-wise bias is replicated on the TP mesh)
+        assert r["gpt2"]["tp"]["split"] == 2 * 8 and not r["gpt2"]["tp"]["vocab_parallel"]
+        resumed = r["gpt2_resumed"]
+        assert resumed["start_step"] == 6
+        assert _gap(torch.tensor(resumed["losses"], dtype=torch.float64), ref[6:]) <= 1e-5
+    from disttrain.checkpoint.export import load_state
+
+    one, tp2 = (_flat(load_state(Path(results["gpt2_ckpts"][k]), keys={"app"})) for k in ("one", "tp2"))
+    names = [k for k in one if "c_attn" in k and one[k].dim()]
+    assert any(".optim." in n and "exp_avg_sq" in n for n in names), names  # Adam's moments, reordered with it
+    for name in names:  # the same tensors in the same order (a head-major c_attn would differ by ~1e-2)
+        assert_close(tp2[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}.{key}" if prefix else key).items()}
+    return {}
 
 
 def test_dp2_tp2_and_hsdp_tp2_equal_one_process(results: dict[str, Any]) -> None:

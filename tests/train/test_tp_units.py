@@ -79,6 +79,32 @@ def test_a_hugging_face_llama_brings_its_own_plan() -> None:
         check_plan(model, plan, 4)
 
 
+def test_hugging_face_gpt2_gets_disttrains_plan_and_names_what_does_not_divide() -> None:
+    transformers = pytest.importorskip("transformers")
+    import hf_models
+    from disttrain.parallel.tp_gpt2 import PackedQKVColwise, qkv_order
+
+    def gpt2(**shape: int) -> nn.Module:
+        with torch.device("meta"):
+            cfg = transformers.GPT2Config(**{**hf_models.gpt2_config().to_dict(), **shape})
+            return transformers.GPT2LMHeadModel(cfg)
+
+    model = gpt2()
+    plan = hf_plan(model)
+    assert plan is not None and isinstance(plan.styles["transformer.h.*.attn.c_attn"], PackedQKVColwise)
+    assert not plan.vocab_sharded and not any("wte" in k or "lm_head" in k for k in plan.styles)  # tied: whole
+    check_plan(model, plan, 2)
+    check_plan(model, plan, 4)  # 4 heads of 16
+    with pytest.raises(ConfigError, match=r"transformer.h.0.attn.c_proj \(Conv1D\): nx 64 does not divide by ") as e:
+        check_plan(model, plan, 3)
+    assert "\n" not in str(e.value)
+    three = gpt2(n_embd=96, n_head=3)  # widths divide by 2, the heads do not
+    with pytest.raises(ConfigError, match=r"transformer.h.0.attn: n_head 3 does not divide by parallel.tp \(2\)"):
+        check_plan(three, hf_plan(three), 2)  # type: ignore[arg-type]
+    # q, k, v of head 0, then of head 1: (2 heads of width 2) -> columns q0 q1 k0 k1 v0 v1 | q2 q3 k2 k3 v2 v3
+    assert qkv_order(2, 12).tolist() == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
+
+
 def user_plan(model: nn.Module) -> dict[str, Any]:
     return {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}
 

@@ -26,6 +26,7 @@ from disttrain.checkpoint.verify import first_line
 from disttrain.config import DTYPES
 from disttrain.data.tokenizer_folder import RUN_TOKENIZER
 from disttrain.errors import CheckpointError, ConfigError
+from disttrain.parallel.held_order import state_to_defined
 
 MODEL_PREFIX = ("app", "model")  # the Trainer saves {"app": ModelOptimState, "train": ...}
 
@@ -56,6 +57,7 @@ def export_live_model(model: nn.Module, path: Path, dtype: str = "fp32") -> Path
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state_to_defined(model, sd)  # full tensors: in the model's own order, whatever a TP plan holds
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
     return write_weights(sd, path, dtype)  # type: ignore[arg-type]

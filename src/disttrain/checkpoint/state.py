@@ -12,6 +12,11 @@ from torch.distributed.checkpoint import state_dict as _dsd
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from disttrain.parallel.held_order import state_to_defined, state_to_held
+
+IMPLEMENTATION = ("fused", "foreach")
+"""Optimizer options that say how it steps, not what it computes: kept from the optimizer a job built."""
+
 
 class ModelOptimState(Stateful):
     """Model + optimizer as DCP state dicts (sharded under FSDP; FQNs without DDP's ``module.``)."""
@@ -25,12 +30,15 @@ class ModelOptimState(Stateful):
         if self.optimizer is None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-            return {"model": get_model_state_dict(self.model)}
+            msd = get_model_state_dict(self.model)
+            state_to_defined(self.model, msd)
+            return {"model": msd}
         # get_state_dict(model, optimizer), with its analysis of the model kept between saves
         info = self._state_dict_info(self.optimizer)
         msd = _dsd._get_model_state_dict(self.model, info)
         osd = _dsd._get_optim_state_dict(self.model, (self.optimizer,), info)
         _dsd._verify_state_dict(msd, osd, info)
+        state_to_defined(self.model, msd, osd)  # in the model's own order, whatever a TP plan holds
         return {"model": msd, "optim": osd}
 
     def _state_dict_info(self, optimizer: torch.optim.Optimizer) -> Any:
@@ -50,11 +58,15 @@ class ModelOptimState(Stateful):
         return info
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_to_held(self.model, state_dict["model"], state_dict.get("optim"))
         if self.optimizer is None or "optim" not in state_dict:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
             set_model_state_dict(self.model, state_dict["model"])
             return
+        # how the optimizer steps (fused, foreach) is this layout's choice, not the saving one's: fused kernels
+        # refuse the DTensors of a tensor-parallel model that resumes a single process's checkpoint
+        kernels = [{k: g[k] for k in IMPLEMENTATION if k in g} for g in self.optimizer.param_groups]
         set_state_dict(
             self.model,
             self.optimizer,
@@ -62,6 +74,8 @@ class ModelOptimState(Stateful):
             optim_state_dict=state_dict["optim"],
             options=StateDictOptions(strict=True),
         )
+        for group, own in zip(self.optimizer.param_groups, kernels, strict=True):
+            group.update(own)
 
 
 def rng_state() -> dict[str, torch.Tensor]:

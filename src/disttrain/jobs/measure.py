@@ -85,7 +85,7 @@ class SavedBytes:
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
+        st = _local(t).untyped_storage()  # a DTensor (tensor parallelism) holds its local shard's bytes
         key = st._cdata  # the storage itself: alive while saved, so never confused with a newer one
         if key in self.exclude or (t.dim() >= 2 and tuple(t.shape) in self.weight_shapes):
             return t
@@ -154,8 +154,9 @@ def measure_strategy(
     from disttrain.parallel.strategies import COLUMNS
     from disttrain.train.trainer import Trainer
 
-    column = COLUMNS[strategy]  # a plan column: a strategy with its options
-    name = column.strategy.name
+    # a plan column (a strategy with its options), or "single": DDP's column, run by one process or one TP group
+    column = COLUMNS.get(strategy, COLUMNS["ddp"])
+    name = strategy if strategy not in COLUMNS else column.strategy.name
     parallel = dataclasses.replace(cfg.parallel, strategy=name, offload=column.offload)  # type: ignore[arg-type]
     if not column.reshard:
         parallel = dataclasses.replace(parallel, reshard_after_forward="never")

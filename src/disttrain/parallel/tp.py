@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
 from disttrain.errors import ConfigError
+from disttrain.parallel.tp_gpt2 import is_conv1d
 from disttrain.parallel.tp_plans import TPPlan, plan_for
 
 
@@ -68,18 +69,23 @@ def check_plan(model: nn.Module, plan: TPPlan, tp: int) -> None:
                 raise ConfigError(f"{name}: {what} not divide by parallel.tp ({tp}); use a tp that divides {heads}")
 
 
+def _split_size(module: nn.Module, style: ParallelStyle) -> tuple[str, int] | None:
+    """The size a column- or row-wise style splits, and its name."""
+    sizes: dict[type, tuple[str, str]] = {
+        nn.Linear: ("out_features", "in_features"),
+        nn.Embedding: ("embedding_dim", "num_embeddings"),
+    }
+    names = next((v for k, v in sizes.items() if isinstance(module, k)), None)
+    if names is None and is_conv1d(module):  # Hugging Face's transposed linear layer: nf outputs, nx inputs
+        names = ("nf", "nx")
+    if names is None or not isinstance(style, (ColwiseParallel, RowwiseParallel)):
+        return None
+    name = names[0] if isinstance(style, ColwiseParallel) else names[1]
+    return name, int(getattr(module, name))
+
+
 def _check_split(name: str, module: nn.Module, style: ParallelStyle, tp: int) -> None:
-    size: tuple[str, int] | None = None
-    if isinstance(module, nn.Linear):
-        if isinstance(style, ColwiseParallel):
-            size = ("out_features", module.out_features)
-        elif isinstance(style, RowwiseParallel):
-            size = ("in_features", module.in_features)
-    elif isinstance(module, nn.Embedding):
-        if isinstance(style, ColwiseParallel):
-            size = ("embedding_dim", module.embedding_dim)
-        elif isinstance(style, RowwiseParallel):
-            size = ("num_embeddings", module.num_embeddings)
+    size = _split_size(module, style)
     if size is not None and size[1] % tp:
         kind = "column" if isinstance(style, ColwiseParallel) else "row"
         raise ConfigError(

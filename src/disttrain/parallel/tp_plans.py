@@ -1,5 +1,6 @@
 """Tensor-parallel plans: which module is split how, for the built-in GPT, Hugging Face models (their config's
-own ``base_model_tp_plan``) and a user's ``--model.tp-plan pkg.mod:fn``.
+own ``base_model_tp_plan``; GPT-2's from :mod:`disttrain.parallel.tp_gpt2`) and a user's
+``--model.tp-plan pkg.mod:fn``.
 
 A :class:`TPPlan` is what ``parallelize_module`` takes (module paths, ``*`` matching one name, to
 ``ParallelStyle`` objects) plus what the checks need: the attention modules' head counts, and the modules
@@ -26,6 +27,7 @@ from torch.distributed.tensor.placement_types import Placement
 from disttrain.build import hf_models, import_object
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT
+from disttrain.parallel.tp_gpt2 import gpt2_styles, is_gpt2
 
 STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "colwise": ColwiseParallel,
@@ -89,14 +91,17 @@ def gpt_plan(model: GPT, loss_parallel: bool, sequence_parallel: bool = True) ->
 
 
 def hf_plan(model: nn.Module) -> TPPlan | None:
-    """The plan a Hugging Face model's config carries (``base_model_tp_plan``, paths under its base model),
-    or None when it has none."""
+    """The plan a Hugging Face model's config carries (``base_model_tp_plan``, paths under its base model), or
+    disttrain's for GPT-2 (:mod:`disttrain.parallel.tp_gpt2`); None when there is none."""
     for path, hf in _named_hf(model):
+        base = getattr(hf, "base_model_prefix", "")
+        prefix = ".".join(p for p in (path, base if base and hasattr(hf, base) else "") if p)
+        if is_gpt2(hf):  # no plan in its config: Conv1D layers and a packed q | k | v (disttrain.parallel.tp_gpt2)
+            n_head = int(getattr(hf, "config").n_head)  # noqa: B009 (a Module attribute mypy cannot type)
+            return TPPlan(gpt2_styles(prefix, n_head), {_join(prefix, "h.*.attn") + " (n_head)": n_head})
         raw = getattr(getattr(hf, "config", None), "base_model_tp_plan", None)
         if not raw:
             continue
-        base = getattr(hf, "base_model_prefix", "")
-        prefix = ".".join(p for p in (path, base if base and hasattr(hf, base) else "") if p)
         where = f"{type(hf).__name__}.config.base_model_tp_plan"
         styles = {_join(prefix, k): style_of(v, f"{where}[{k!r}]") for k, v in raw.items()}
         cfg = hf.config  # type: ignore[union-attr]
@@ -131,7 +136,8 @@ def plan_for(model: nn.Module, spec: str, loss_parallel: bool, sequence_parallel
     if plan is None:
         raise ConfigError(
             f"parallel.tp > 1, but there is no tensor-parallel plan for {type(model).__name__} (plans are built in "
-            "for the GPT and Hugging Face models with a base_model_tp_plan); pass --model.tp-plan pkg.mod:fn "
+            "for the GPT, Hugging Face GPT-2 and Hugging Face models with a base_model_tp_plan); "
+            "pass --model.tp-plan pkg.mod:fn "
             "(fn(model) -> {module path: 'colwise' | 'rowwise' | ParallelStyle}), or use --parallel.tp 1"
         )
     return plan

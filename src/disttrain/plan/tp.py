@@ -4,7 +4,8 @@ computes (a *local profile*), and TP's collectives per optimizer step. Pure arit
 
 - split parameters: ``ColwiseParallel`` splits a Linear's weight (and bias) in dim 0 and an Embedding's
   weight in dim 1; ``RowwiseParallel`` a Linear's weight in dim 1 (its bias is replicated) and an Embedding's
-  in dim 0. DTensor splits unevenly by ``torch.chunk``: the first ranks hold ``ceil(d / tp)``, which the plan
+  in dim 0. A Hugging Face ``Conv1D`` (weight ``(in, out)``) splits as an Embedding does.
+  DTensor splits unevenly by ``torch.chunk``: the first ranks hold ``ceil(d / tp)``, which the plan
   counts (the rank that holds the most). Norms (``SequenceParallel``) and everything else stay whole;
 - the local profile has each split parameter's local shape, so FSDP's arithmetic (dim-0 shards over the
   data-parallel ranks, :mod:`disttrain.plan.estimate`) applies unchanged: parameters, gradients and optimizer
@@ -41,6 +42,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from disttrain.config import JobConfig
 from disttrain.parallel.activation import checkpointed_indices
 from disttrain.parallel.tp import matching
+from disttrain.parallel.tp_gpt2 import is_conv1d
 from disttrain.plan.comm import Collective, accum_steps
 from disttrain.plan.profile import ModelProfile, ParamInfo
 from disttrain.utils.fmt import fmt_bytes
@@ -59,11 +61,11 @@ def split_dims(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> dict[st
             continue
         colwise = isinstance(style, ColwiseParallel)
         for path, module in matching(model, pattern):
-            embedding = isinstance(module, nn.Embedding)
+            by_input = isinstance(module, nn.Embedding) or is_conv1d(module)  # weight (in, out): not Linear's
             for name, p in module.named_parameters(recurse=False):
                 full = f"{path}.{name}" if path else name
                 if name == "weight" and p.dim() == 2:
-                    out[full] = (1 if colwise else 0) if embedding else (0 if colwise else 1)
+                    out[full] = (1 if colwise else 0) if by_input else (0 if colwise else 1)
                 elif name == "bias" and colwise:
                     out[full] = 0  # a row-wise layer's bias is added after the reduction: replicated
     return out
