@@ -120,7 +120,7 @@ def mode_of(cmd: DocCommand) -> tuple[str, list[str]] | None:
     if sub == "make":
         return "make", argv
     if sub == "run":  # --print-config resolves and checks the whole job, plan included
-        if "--help" in argv or "--slurm" in argv:
+        if "--help" in argv or "--slurm" in argv or "--k8s" in argv:  # they only write a script or a manifest
             return "real", argv
         return "real", argv if "--print-config" in argv else [*argv, "--print-config"]  # nothing trains
     if sub == "estimate":
@@ -132,7 +132,7 @@ def mode_of(cmd: DocCommand) -> tuple[str, list[str]] | None:
     if sub in ("ps", "rl", "doctor"):  # their command line only: doctor starts workers or waits for nodes
         return sub, argv
     if sub == "launch":
-        return ("real" if "--slurm" in argv else "parse"), argv  # --slurm only writes the sbatch script
+        return ("real" if "--slurm" in argv or "--k8s" in argv else "parse"), argv  # they only write a file
     if sub == "report":
         return "parse", argv  # report --live serves forever
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from disttrain.config import LaunchConfig
+from disttrain.config import K8sConfig, LaunchConfig
 
 
 def main(argv: list[str]) -> int:
@@ -15,6 +15,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rdzv-endpoint", default=None)
     p.add_argument("--max-restarts", type=int, default=0)
     p.add_argument("--slurm", action="store_true", help="write <script>.sbatch for --nnodes nodes and exit")
+    k8s = p.add_argument_group("Kubernetes (docs/multi-node.md#kubernetes)")
+    k8s.add_argument(
+        "--k8s", choices=("pytorchjob", "jobset"), help="write <script>.KIND.yaml, one pod per node, and exit"
+    )
+    for field in ("image", "namespace", "volume", "gpus-per-node", "cpus-per-node", "queue", "shm-size"):
+        k8s.add_argument(f"--k8s.{field}", dest=f"k8s_{field.replace('-', '_')}", help=f"k8s.{field} (run's)")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -25,4 +31,24 @@ def main(argv: list[str]) -> int:
 
         return write_launch_sbatch(a.nproc, a.nnodes, a.script, a.args)
     launch = LaunchConfig(a.nnodes, a.node_rank, a.rdzv_endpoint, a.max_restarts)
-    return launch_script(a.nproc, launch, a.script, a.args)
+    if a.k8s:
+        from disttrain.jobs.k8s import write_launch_manifest
+
+        return write_launch_manifest(a.k8s, k8s_config(a), a.nproc, launch, a.script, a.args)
+    from disttrain.launch.k8s.env import from_pod
+
+    launch, nproc, _ = from_pod(launch, a.nproc)
+    return launch_script(nproc, launch, a.script, a.args)
+
+
+def k8s_config(a: argparse.Namespace) -> K8sConfig:
+    """The ``--k8s.*`` options as the k8s section (checked as ``run``'s is)."""
+    given = {k[4:]: v for k, v in vars(a).items() if k.startswith("k8s_") and v is not None}
+    for key in ("gpus_per_node", "cpus_per_node"):
+        if key in given:
+            if not given[key].isdigit():
+                from disttrain.errors import ConfigError
+
+                raise ConfigError(f"--k8s.{key.replace('_', '-')} must be a whole number, got {given[key]!r}")
+            given[key] = int(given[key])
+    return K8sConfig(**given)

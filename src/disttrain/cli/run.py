@@ -16,6 +16,12 @@ FLAGS = (
         key="health.debug",
     ),
     Flag("--slurm", "write an sbatch script for --launch.nnodes nodes (one launcher per node) and exit"),
+    Flag(
+        "--k8s",
+        "write a Kubernetes manifest, pytorchjob (Kubeflow Training Operator) or jobset, with one pod per node "
+        "(--k8s.image IMAGE, --k8s.volume PVC:/path; docs/multi-node.md#kubernetes) and exit",
+        "KIND",
+    ),
 )
 
 
@@ -31,6 +37,10 @@ def main(argv: list[str]) -> int:
         from disttrain.launch.slurm import write_run_sbatch
 
         return write_run_sbatch(cfg)
+    if line.flags["k8s"] is not None:
+        from disttrain.jobs.k8s import write_run_manifest
+
+        return write_run_manifest(cfg, line.flags["k8s"])
     if line.print_config:
         job = resolve(cfg)
         print(f"# strategy {job.strategy}: {job.reason}\n{to_toml(job.config)}", end="")

@@ -7,7 +7,8 @@ launcher knows how many ranks there are. Every error is a :class:`ConfigError` w
 rule, the value and the fix.
 
 ``sections`` (model, data, train, optim, precision, metrics), ``parallel`` (parallel, launch), ``runtime``
-(checkpoint, run, health), ``job`` (JobConfig, the batch arithmetic), ``io`` (TOML and dicts, with
+(checkpoint, run, health), ``k8s`` (Kubernetes manifests), ``job`` (JobConfig, the batch arithmetic), ``io`` (TOML
+and dicts, with
 ``typecheck`` checking every value against its field's type), ``overrides`` (``--section.key value`` via tyro),
 ``command`` (the one command line of run, estimate, ps and rl: ``--config``, overrides, ``--print-config``,
 ``--help``), ``helptext`` (the docstrings as ``--help`` text), ``values`` (dtype names, byte sizes, the check
@@ -21,6 +22,7 @@ Imports only ``disttrain.errors`` from disttrain (layer 1: everything else may i
 from disttrain.config.command import COMMON_FLAGS, CommandLine, Flag, parse_command, parse_job
 from disttrain.config.io import from_dict, load_toml, to_dict, to_toml
 from disttrain.config.job import BatchPlan, JobConfig, known_keys, resolve_batch, section_types
+from disttrain.config.k8s import K8sConfig
 from disttrain.config.overrides import apply_overrides, check_override_keys
 from disttrain.config.parallel import LaunchConfig, ParallelConfig
 from disttrain.config.resolved import RESOLVED_FILE, ResolvedJob
@@ -48,6 +50,7 @@ __all__ = [
     "Flag",
     "HealthConfig",
     "JobConfig",
+    "K8sConfig",
     "LaunchConfig",
     "MetricsConfig",
     "ModelConfig",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from disttrain.config.k8s import K8sConfig
 from disttrain.config.parallel import LaunchConfig, ParallelConfig
 from disttrain.config.runtime import CheckpointConfig, HealthConfig, RunConfig
 from disttrain.config.sections import (
@@ -33,6 +34,7 @@ class JobConfig:
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    k8s: K8sConfig = dataclasses.field(default_factory=K8sConfig)
 
 
 def section_types(job: type = JobConfig) -> dict[str, type]:

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from disttrain.config import LaunchConfig
+from disttrain.launch.k8s.env import Cluster, detect, in_cluster
 from disttrain.launch.network import is_local
 from disttrain.plan.machine import LinkFit, MachineProfile, fit_links, fit_rpc_link, load_machine, save_machine
 from disttrain.utils.fmt import fmt_rate
@@ -435,6 +437,14 @@ def check_nodes(res: dict[str, Any]) -> list[Check]:
     return out
 
 
+def check_cluster(cluster: Cluster | None) -> Check:
+    """Which scheduler's environment this is: a PyTorchJob or JobSet pod (its variables give the nodes, the
+    node rank and the rendezvous), or none."""
+    if cluster is None:
+        return Check("cluster", "OK", "not in a PyTorchJob or JobSet pod: nodes come from --nnodes, --node-rank")
+    return Check("cluster", "OK", f"in {cluster.describe()}")
+
+
 # -- the command --------------------------------------------------------------------------------------------
 def run_checks(
     nproc: int | None = None,
@@ -445,6 +455,12 @@ def run_checks(
     quick: bool = False,
 ) -> list[Check]:
     checks = [check_python(), check_torch(), *check_cuda(), check_host(), *check_backends()]
+    cluster = detect()
+    if cluster is not None:  # in a pod: its operator's nodes, node rank and rendezvous, as `run` takes them
+        launch = in_cluster(LaunchConfig(nnodes, node_rank, rdzv_endpoint), cluster)
+        nnodes, node_rank, rdzv_endpoint = launch.nnodes, launch.node_rank, launch.rdzv_endpoint
+        nproc = nproc or cluster.nproc
+    checks.append(check_cluster(cluster))
     if port is not None:
         checks.append(check_port(port, "asked for"))
     elif rdzv_endpoint is None:

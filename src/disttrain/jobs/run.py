@@ -6,6 +6,7 @@ workers through torchrun (in-process when alone).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from disttrain.jobs.doctor import ensure_machine
 from disttrain.launch.agent_watch import AgentWatch
 from disttrain.launch.debug_env import debug_env
 from disttrain.launch.frozen_watch import watch_frozen
+from disttrain.launch.k8s.env import from_pod
 from disttrain.launch.slurm import requeue
 from disttrain.launch.torchrun import STOPPED_CODES, run_torchrun, threads_per_rank, torchrun_argv
 from disttrain.parallel.env import resolve_device_type
@@ -44,6 +46,8 @@ def make_run_dir(cfg: JobConfig) -> Path:
 def launch_job(cfg: JobConfig) -> int:
     """``disttrain run``: resolve, write the run folder, start the workers (in-process when alone)."""
 
+    launch, nproc, _ = from_pod(cfg.launch, cfg.parallel.nproc)  # in a PyTorchJob / JobSet pod: its variables
+    cfg = dataclasses.replace(cfg, launch=launch, parallel=dataclasses.replace(cfg.parallel, nproc=nproc))
     with contextlib.suppress(RuntimeError):  # a device that is not there: resolve says so
         ensure_machine(resolve_device_type(cfg.parallel.device), "fp32", 2)
     job = resolve(cfg)
