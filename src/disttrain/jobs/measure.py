@@ -146,10 +146,11 @@ def _step(trainer: Any, keep_grads: bool, saved: SavedBytes | None = None) -> No
 def measure_strategy(
     cfg: JobConfig, strategy: str, env: Any, steps: int = 2, timed_steps: int = 3, keep_buffers: bool = False
 ) -> dict[str, Any]:
-    """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank, then ``timed_steps`` more; its measured
-    bytes and step time (:func:`time_steps`). The bytes are measured with every large tensor mapped and unmapped
-    (see :func:`measure`); ``keep_buffers``: the timed steps run with the allocator a CPU job runs with
-    (:func:`disttrain.utils.malloc.keep_large_buffers`), after one more step to settle it."""
+    """Run ``steps`` real steps of ``cfg`` with ``strategy`` on this rank, then ``timed_steps`` more (0: none, and
+    no times); its measured bytes and step time (:func:`time_steps`). The bytes are measured with every large
+    tensor mapped and unmapped (see :func:`measure`); ``keep_buffers``: the timed steps run with the allocator a
+    CPU job runs with (:func:`disttrain.utils.malloc.keep_large_buffers`), after one more step to settle it. A
+    sharded or tensor-parallel model is built on the meta device, as a job too large for one copy per rank is."""
     from disttrain.build import build_data, build_model, vocab_size
     from disttrain.parallel.strategies import COLUMNS
     from disttrain.train.trainer import Trainer
@@ -172,7 +173,7 @@ def measure_strategy(
         base = torch.cuda.memory_allocated()
     with RssPeak() as rss:
         base_rss = rss.peak
-        model = build_model(cfg, vocab, on_meta=column.sharded)
+        model = build_model(cfg, vocab, on_meta=column.sharded or cfg.parallel.tp > 1)  # as a big job: no full copy
         trainer = Trainer(model, train, cfg, env=env)
         for _ in range(max(steps - 1, 0)):
             _step(trainer, keep_grads=False)
@@ -189,7 +190,7 @@ def measure_strategy(
         "activations_saved": saved.total,
         "peak": int(peak),
         "peak_source": "cuda max_memory_allocated" if cuda else "process RSS peak",
-        **time_steps(trainer, timed_steps),
+        **(time_steps(trainer, timed_steps) if timed_steps > 0 else {}),
     }
     del trainer, model
     gc.collect()
@@ -268,7 +269,9 @@ def measure(
 
 
 def worker(spec_path: str) -> None:
-    """One rank of a :func:`measure` launch: measure the spec's strategies, write ``rank<R>.json``."""
+    """One rank of a :func:`measure` launch: measure the spec's strategies (then its ``layouts``: ``{"name",
+    "config", "strategy"}`` each, and optionally its own ``steps`` / ``timed_steps``: another config on the same
+    ranks), write ``rank<R>.json``."""
     from disttrain.parallel.env import destroy_distributed, init_distributed
 
     spec = json.loads(Path(spec_path).read_text())
@@ -277,6 +280,10 @@ def worker(spec_path: str) -> None:
     keep = bool(spec.get("keep_buffers", False))
     steps, timed = spec.get("steps", 2), spec.get("timed_steps", 3)
     out = {s: measure_strategy(cfg, s, env, steps, timed, keep) for s in spec["strategies"]}
+    for extra in spec.get("layouts", []):  # other configs on the same ranks (a wider model, tensor parallelism)
+        config, strategy = from_dict(extra["config"]), extra["strategy"]
+        how = (extra.get("steps", steps), extra.get("timed_steps", timed))
+        out[extra["name"]] = measure_strategy(config, strategy, env, *how, keep_buffers=keep)
     Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(out))
     destroy_distributed()
 

@@ -73,7 +73,7 @@ def build_trainer(job: ResolvedJob, env: DistEnv, run_dir: Path) -> tuple[Traine
         log.info("elastic membership %d x %d (planned %d x %d)", resolved.nnodes, resolved.nproc, job.nnodes, job.nproc)
     cfg = resolved.config
     train, val, text = build_data(cfg)
-    shards = strategies.get(resolved.strategy).shards_parameters
+    shards = strategies.get(resolved.strategy).shards_parameters or cfg.parallel.tp > 1  # TP splits them too
     model = build_for_training(cfg, vocab_size(train, text), shards, env.local_world_size)
     if env.is_main:
         save_hf_config(model, run_dir)  # what `ckpt export --format hf` writes beside the weights

@@ -10,6 +10,12 @@ and FSDP with CPU offload, with the exact byte arithmetic of what torch allocate
 - gradients: fp32, one per trainable parameter, sharded like the parameters (DDP: its gradient buckets,
   which the gradients are views of);
 - optimizer: AdamW's two fp32 moments per element plus a 4-byte step per parameter tensor;
+- optimizer step: what AdamW allocates while it steps. Plain parameters (DDP, one process) step through its
+  fused kernel, which allocates nothing; DTensor parameters (FSDP, HSDP, tensor parallelism) through its
+  foreach kernels, which hold one fp32 temporary per element of the rank's parameters (the square roots of the
+  second moments) until the step ends (where parameters sit on several meshes AdamW steps them one by one,
+  holding two of the largest: less, so this is an upper bound). The step runs after backward, when the
+  activations and the gathered parameters are gone: it counts against them, not beside them;
 - gathered: what FSDP all-gathers transiently in the compute dtype (the root unit, the current block and
   the prefetched ones, plus one block's unsharded gradient), or every unit when it does not reshard after
   forward; for DDP under autocast, the low-precision copies of the weights;
@@ -17,7 +23,8 @@ and FSDP with CPU offload, with the exact byte arithmetic of what torch allocate
   (the gradients into and out of the op that saved it, at the start of backward); with activation
   checkpointing, only the inputs of the checkpointed blocks plus one block recomputed.
 
-The total is the sum, an upper bound: gradients and activations overlap only partly in backward.
+The total is the sum (with the optimizer step's temporaries or the gathered parameters and activations,
+whichever is larger), an upper bound: gradients and activations overlap only partly in backward.
 :mod:`disttrain.plan.choose` turns a plan into the strategy to run (this module never imports the trainer).
 
 May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.build``,
@@ -121,10 +128,12 @@ class StrategyPlan:
     gathered: int
     activations: int
     host: int = 0
+    step_temp: int = 0
+    """What the optimizer step allocates while it runs, after backward (see the module's docstring)."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.gathered + self.activations
+        return self.params + self.grads + self.optimizer + max(self.gathered + self.activations, self.step_temp)
 
     def row(self, key: str) -> int:
         return int(getattr(self, key))
@@ -204,9 +213,9 @@ def _sharded_plan(
     params = sharded_bytes(ps, n, 4)
     grads = sharded_bytes(ps, n, 4, trainable_only=True)
     optim = sharded_bytes(ps, n, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps)
-    if COLUMNS[name].offload:
+    if COLUMNS[name].offload:  # the step runs on the host (its temporaries there too, not counted in host)
         return StrategyPlan(name, n, 0, 0, 0, gathered, act, host=params + grads + optim)
-    return StrategyPlan(name, n, params, grads, optim, gathered, act)
+    return StrategyPlan(name, n, params, grads, optim, gathered, act, step_temp=params)  # foreach over DTensors
 
 
 def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machine | None = None) -> Estimate:
@@ -234,6 +243,7 @@ def estimate(prof: ModelProfile, cfg: JobConfig, layout: Layout, machine: Machin
             sharded_bytes(ps, 1, ADAM_BYTES_PER_ELEMENT, True) + ADAM_STEP_BYTES * sum(p.trainable for p in ps),
             low_precision_copies,
             act,
+            step_temp=sharded_bytes(ps, 1, 4) if tp > 1 else 0,  # TP's DTensors step by foreach; plain ones fused
         )
     }
     times = {"ddp": step_time("ddp", prof, cfg, machine, nproc, layout.nnodes, 1, tp=tp)}

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 COLUMNS = tuple(strategies.COLUMNS)
 LABELS = {key: column.label for key, column in strategies.COLUMNS.items()}
-ROWS = ("params", "grads", "optimizer", "gathered", "activations", "total")
+ROWS = ("params", "grads", "optimizer", "step_temp", "gathered", "activations", "total")
 
 
 def label(column: str, tp: int = 1) -> str:
@@ -42,6 +42,7 @@ def render(est: Estimate) -> str:
         "params": "parameters (fp32)",
         "grads": "gradients (fp32)",
         "optimizer": "optimizer (AdamW)",
+        "step_temp": "optimizer step (temp.)",
         "gathered": "gathered / low-prec copies",
         "activations": f"activations (AC {est.ac})",
     }
