@@ -1,5 +1,6 @@
-"""The k8s section: what ``disttrain run --k8s pytorchjob|jobset`` (and ``launch --k8s``) needs beyond the job itself
-to write a Kubernetes manifest: the image, where the run folder lives, the namespace, the queue, GPUs and CPUs."""
+"""The k8s section: what ``disttrain run|ps|rl --k8s pytorchjob|jobset`` (and ``launch --k8s``) needs beyond the job
+itself to write a Kubernetes manifest: the image, where the run folder lives, the namespace, the queue, GPUs and
+CPUs."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from the run folder's ``config.toml``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.health.events import log_event
 from disttrain.launch.direct import node_ranks, run_watched, start
+from disttrain.launch.k8s.env import from_pod
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.nets import check_algo
@@ -45,6 +47,8 @@ def world_size(cfg: RLJobConfig) -> int:
 
 
 def launch_rl(cfg: RLJobConfig) -> int:
+    launch, _, _ = from_pod(cfg.launch, None)  # in a PyTorchJob / JobSet pod: its nodes, node rank, rendezvous
+    cfg = dataclasses.replace(cfg, launch=launch)
     rl = cfg.rl
     check_algo(env_spec(rl.env_id), rl.algo)  # an unknown id or an unsupported space: one line, before anything
     ranks, host, port = my_ranks(cfg)
