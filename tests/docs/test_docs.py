@@ -129,6 +129,8 @@ def mode_of(cmd: DocCommand) -> tuple[str, list[str]] | None:
         return "real", argv  # against the seed checkpoint runs/r
     if sub == "data":  # prepare (on the fixtures' notes.txt) and verify run for real: a second each
         return "real", argv
+    if sub in ("ps", "rl") and "--k8s" in argv:
+        return "real", argv  # they only write a manifest
     if sub in ("ps", "rl", "doctor"):  # their command line only: doctor starts workers or waits for nodes
         return sub, argv
     if sub == "launch":
