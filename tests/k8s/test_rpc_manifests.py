@@ -15,7 +15,7 @@ from crd_schema import validate
 
 from disttrain.cli import main
 from disttrain.config import K8sConfig, load_toml
-from disttrain.jobs.k8s_rpc import TRANSITION_SCALARS, ps_node_bytes, replay_bytes
+from disttrain.jobs.k8s_rpc import RPC_SHM_PER_PROCESS, TRANSITION_SCALARS, ps_node_bytes, replay_bytes
 from disttrain.launch.k8s.resources import GiB, pod_resources
 from disttrain.ps.config import PSCheckpointConfig, PSConfig, PSJobConfig
 from disttrain.ps.plan import server_bytes
@@ -72,6 +72,8 @@ def test_ps_writes_a_pytorchjob_of_its_trainers_and_servers(tmp_path: Path, caps
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert mounts == {"dshm": "/dev/shm", "runs": "/mnt/runs", "config": "/etc/disttrain"}
         assert pod["terminationGracePeriodSeconds"] == 30 + 10  # no save when stopped: the grace and the exit
+        dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+        assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}  # 3 x 256 MiB: TensorPipe's rings
     # the pods' config loads as the ps job: the run named and on the volume, no node rank or rendezvous of its own
     path = tmp_path / "pod.toml"
     path.write_text(toml)
@@ -86,7 +88,14 @@ def test_ps_writes_a_pytorchjob_of_its_trainers_and_servers(tmp_path: Path, caps
     # memory: node 1 holds trainer 3 and both servers, each shard twice (a resumed server loads its checkpoint whole)
     shards = sum(b for _, b in server_bytes(cfg.ps))
     assert ps_node_bytes(cfg, 3) == 2 * shards
-    expect = pod_resources(K8sConfig(), nproc=3, device="cpu", preempt_grace_s=30, host_bytes=2 * shards)
+    expect = pod_resources(
+        K8sConfig(),
+        nproc=3,
+        device="cpu",
+        preempt_grace_s=30,
+        host_bytes=2 * shards,
+        shm_per_process=RPC_SHM_PER_PROCESS,
+    )
     limits = containers(job)[0][1]["resources"]["limits"]
     assert limits == {"memory": f"{-(-expect.memory // GiB)}Gi"}
 
@@ -128,7 +137,14 @@ def test_rl_writes_a_jobset_with_the_replay_on_every_pod(tmp_path: Path) -> None
     # CartPole: 4 float32 numbers an observation; the sum tree: 2 x 262144 leaves' float64 nodes
     replay = 200_000 * (2 * 4 * 4 + TRANSITION_SCALARS) + 2 * 262_144 * 8
     assert replay_bytes(cfg, EnvSpec(4, 2)) == replay
-    expect = pod_resources(K8sConfig(), nproc=2, device="cpu", preempt_grace_s=30, host_bytes=2 * replay)
+    expect = pod_resources(
+        K8sConfig(),
+        nproc=2,
+        device="cpu",
+        preempt_grace_s=30,
+        host_bytes=2 * replay,
+        shm_per_process=RPC_SHM_PER_PROCESS,
+    )
     assert container["resources"]["requests"] == {"cpu": "2", "memory": f"{-(-expect.memory // GiB)}Gi"}
 
 

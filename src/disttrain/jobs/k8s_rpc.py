@@ -5,7 +5,8 @@ the operator's variables as ``run`` does; the run folder on the volume, so a res
 checkpoints.
 
 What a pod's memory counts, besides each process's base (:data:`disttrain.launch.k8s.resources.PROCESS_BASE`)
-and /dev/shm; every pod asks for the fullest node's (one pod template: a JobSet's indexed pods share it):
+and /dev/shm (:data:`RPC_SHM_PER_PROCESS`); every pod asks for the fullest node's (one pod template: a JobSet's
+indexed pods share it):
 
 - ``ps``: the servers' shards on the node, rows and optimizer state as ``ps --plan`` counts them (a spare
   server: the largest shard, which it loads when it takes a dead server's place), twice (a resumed server reads
@@ -32,6 +33,9 @@ from disttrain.ps.config import PSJobConfig
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import EnvSpec
 
+RPC_SHM_PER_PROCESS = 2**28
+"""/dev/shm of a ps or rl process (auto): no data loader or NCCL, only TensorPipe's shared-memory rings to the
+other processes of its pod (a few MiB each); 256 MiB, not run's 2 GiB."""
 TRANSITION_SCALARS = 8 + 4 + 4 + 4
 """A transition's action (int64), reward, done and discount (float32) in the replay."""
 
@@ -80,7 +84,14 @@ def write_ps_manifest(cfg: PSJobConfig, kind: str) -> int:
     if cfg.ps.watched:
         fixed_group_restarts(kind, cfg.launch.max_restarts, "disttrain ps with spare servers or asp trainers")
     host = ps_node_bytes(cfg, nproc)
-    res = pod_resources(cfg.k8s, nproc=nproc, device="cpu", preempt_grace_s=cfg.launch.preempt_grace_s, host_bytes=host)
+    res = pod_resources(
+        cfg.k8s,
+        nproc=nproc,
+        device="cpu",
+        preempt_grace_s=cfg.launch.preempt_grace_s,
+        host_bytes=host,
+        shm_per_process=RPC_SHM_PER_PROCESS,
+    )
     name = job_name(cfg.run.name)
     return write_pods(
         kind,
@@ -123,7 +134,14 @@ def write_rl_manifest(cfg: RLJobConfig, kind: str) -> int:
     spec = env_spec(rl.env_id)  # an unknown id or an unsupported space: one line, as the job itself says it
     check_algo(spec, rl.algo)
     host = 2 * replay_bytes(cfg, spec)
-    res = pod_resources(cfg.k8s, nproc=nproc, device="cpu", preempt_grace_s=cfg.launch.preempt_grace_s, host_bytes=host)
+    res = pod_resources(
+        cfg.k8s,
+        nproc=nproc,
+        device="cpu",
+        preempt_grace_s=cfg.launch.preempt_grace_s,
+        host_bytes=host,
+        shm_per_process=RPC_SHM_PER_PROCESS,
+    )
     name = job_name(cfg.run.name)
     return write_pods(
         kind,

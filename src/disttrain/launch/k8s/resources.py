@@ -78,14 +78,17 @@ def pod_resources(
     preempt_grace_s: int,
     host_bytes: int = 0,
     save_bytes: int = 0,
+    shm_per_process: int = SHM_PER_PROCESS,
 ) -> PodResources:
     """One pod's requests for ``nproc`` processes on ``device``: each process's base, ``host_bytes`` more of host
     memory on the node (what the job keeps there: :func:`plan_bytes` for ``run``, the tables for ``ps``, the
     replay for ``rl``) and /dev/shm; the grace period adds the planned time to write ``save_bytes`` (the node's
-    share of a checkpoint written when the pod is stopped)."""
+    share of a checkpoint written when the pod is stopped). /dev/shm: ``k8s.shm_size``, or (auto) ``shm_per_process``
+    per process; whole GiB, as its volume's size limit is written."""
     gpus = k8s.gpus_per_node if k8s.gpus_per_node is not None else (nproc if device == "cuda" else 0)
     cpus = k8s.cpus_per_node or (8 * gpus if gpus else nproc)
-    shm = SHM_PER_PROCESS * nproc if k8s.shm_size == "auto" else parse_bytes(k8s.shm_size, "k8s.shm_size")
+    shm = shm_per_process * nproc if k8s.shm_size == "auto" else parse_bytes(k8s.shm_size, "k8s.shm_size")
+    shm = GiB * max(1, math.ceil(shm / GiB))
     memory = nproc * PROCESS_BASE.get(device, PROCESS_BASE["cpu"]) + host_bytes + shm
     save_s = math.ceil(save_bytes / (k8s.save_gbps * 1e9))
     return PodResources(gpus, cpus, memory, shm, save_s, preempt_grace_s + save_s)
