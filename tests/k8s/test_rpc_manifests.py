@@ -201,6 +201,7 @@ def test_in_a_pod_ps_and_rl_take_their_node_from_the_operator(
     for k, v in WORKER_1.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")  # launch_ps sets it (setdefault): restored after the test
     seen: dict[str, Any] = {}
     monkeypatch.setattr(ps_job, "torchrun_argv", lambda nproc, launch, **_: seen.update(ps=(nproc, launch)) or [])
     monkeypatch.setattr(ps_job, "run_torchrun", lambda *a, **k: 0)

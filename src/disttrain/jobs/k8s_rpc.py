@@ -121,15 +121,14 @@ def replay_bytes(cfg: RLJobConfig, spec: EnvSpec) -> int:
 def write_rl_manifest(cfg: RLJobConfig, kind: str) -> int:
     """``disttrain rl --k8s KIND``: the learner and actors spread over ``launch.nnodes`` pods (the learner on
     node 0, which hosts the RPC group's store at the rendezvous)."""
-    from disttrain.jobs.rl import world_size
+    from disttrain.jobs.rl import processes, world_size
     from disttrain.launch.direct import per_node
     from disttrain.rl.envs import env_spec
     from disttrain.rl.nets import check_algo
 
     check_k8s(cfg.k8s, cfg.launch.nnodes)
     rl = cfg.rl
-    what = f"disttrain rl runs {world_size(cfg)} processes (1 learner + {rl.actors} actors + {rl.spare_actors} spares)"
-    nproc = per_node(world_size(cfg), cfg.launch.nnodes, what)
+    nproc = per_node(world_size(cfg), cfg.launch.nnodes, processes(cfg))  # MIN:MAX or uneven: one line
     fixed_group_restarts(kind, cfg.launch.max_restarts, "disttrain rl")
     spec = env_spec(rl.env_id)  # an unknown id or an unsupported space: one line, as the job itself says it
     check_algo(spec, rl.algo)

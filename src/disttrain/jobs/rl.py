@@ -36,9 +36,14 @@ def rl_run_dir(cfg: RLJobConfig) -> Path:
 
 def my_ranks(cfg: RLJobConfig) -> tuple[range, str, int]:
     """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
-    rl, world = cfg.rl, world_size(cfg)
-    what = f"disttrain rl runs {world} processes (1 learner + {rl.actors} actors + {rl.spare_actors} spares)"
-    return node_ranks(world, cfg.launch.nnodes, cfg.launch.node_rank, cfg.launch.rdzv_endpoint or "", what)
+    launch = cfg.launch
+    return node_ranks(world_size(cfg), launch.nnodes, launch.node_rank, launch.rdzv_endpoint or "", processes(cfg))
+
+
+def processes(cfg: RLJobConfig) -> str:
+    """The job's processes, for the line that says they do not fit the nodes."""
+    rl = cfg.rl
+    return f"disttrain rl runs {world_size(cfg)} processes (1 learner + {rl.actors} actors + {rl.spare_actors} spares)"
 
 
 def world_size(cfg: RLJobConfig) -> int:
