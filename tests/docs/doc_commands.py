@@ -88,7 +88,7 @@ def run_command(argv: list[str], mode: str) -> int:
         from disttrain.rl.config import RLJobConfig
         from disttrain.rl.envs import env_spec
 
-        line = parse_command(RLJobConfig, argv[1:], "disttrain rl", rl.SUMMARY)
+        line = parse_command(RLJobConfig, argv[1:], "disttrain rl", rl.SUMMARY, rl.FLAGS)
         if line is not None:
             env_spec(line.cfg.rl.env_id)
         return 0

@@ -130,7 +130,7 @@ def mode_of(cmd: DocCommand) -> tuple[str, list[str]] | None:
     if sub == "data":  # prepare (on the fixtures' notes.txt) and verify run for real: a second each
         return "real", argv
     if sub in ("ps", "rl", "doctor"):  # their command line only: doctor starts workers or waits for nodes
-        return sub, argv
+        return ("real" if "--k8s" in argv else sub), argv  # --k8s only writes a manifest
     if sub == "launch":
         return ("real" if "--slurm" in argv or "--k8s" in argv else "parse"), argv  # they only write a file
     if sub == "report":

@@ -17,7 +17,7 @@ from disttrain.cli import main
 from disttrain.config import K8sConfig, LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.launch.k8s.env import Cluster, detect, in_cluster
-from disttrain.launch.k8s.resources import GiB, pod_resources
+from disttrain.launch.k8s.resources import GiB, plan_bytes, pod_resources
 from disttrain.launch.k8s.yaml import dump
 from disttrain.testing.tiny import tiny_cli_args
 
@@ -150,14 +150,17 @@ def test_bad_combinations_are_one_line(tmp_path: Path, small_text: Path, capsys,
 def test_pod_resources_follow_the_memory_plan() -> None:
     plan = {"strategies": {"fsdp": {"params": 10 * GiB, "optimizer": 20 * GiB, "host": 0, "total": 50 * GiB}}}
     k8s = K8sConfig(save_gbps=1.0)
-    res = pod_resources(k8s, nproc=8, device="cuda", preempt_grace_s=30, plan=plan, column="fsdp")
+    host, state = plan_bytes(plan, "fsdp", 8, "cuda")
+    assert (host, state) == (8 * 30 * GiB, 8 * 30 * GiB) and plan_bytes(plan, "ddp", 8, "cuda") == (0, 0)
+    res = pod_resources(k8s, nproc=8, device="cuda", preempt_grace_s=30, host_bytes=host, save_bytes=state)
     assert (res.gpus, res.cpus, res.shm) == (8, 64, 16 * GiB)
     # per rank: 4 GiB of process + the 30 GiB of state the async save stages in host memory; and /dev/shm
     assert res.memory == 8 * (4 + 30) * GiB + 16 * GiB
     assert res.save_s == -(-8 * 30 * GiB // 10**9) and res.rank_grace_s == 30 + res.save_s
     assert res.termination_grace_s == res.rank_grace_s + 10
     small_shm = K8sConfig(shm_size="1GiB")
-    on_cpu = pod_resources(small_shm, nproc=2, device="cpu", preempt_grace_s=30, plan=plan, column="fsdp")
+    host, state = plan_bytes(plan, "fsdp", 2, "cpu")
+    on_cpu = pod_resources(small_shm, nproc=2, device="cpu", preempt_grace_s=30, host_bytes=host, save_bytes=state)
     assert on_cpu.gpus == 0 and on_cpu.cpus == 2 and on_cpu.memory == 2 * (1 + 30 + 50) * GiB + GiB
     assert pod_resources(K8sConfig(gpus_per_node=4), nproc=4, device="cuda", preempt_grace_s=5).save_s == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from disttrain.cli.run import K8S
 from disttrain.config import Flag, parse_job
 from disttrain.ps.config import PSJobConfig
 
@@ -14,6 +15,7 @@ FLAGS = (
         "print the rows and bytes each server holds, whether they fit this host's memory, and the samples/s the "
         "job will reach (on --launch.nnodes hosts), then stop",
     ),
+    K8S,
 )
 
 
@@ -21,6 +23,10 @@ def main(argv: list[str]) -> int:
     line = parse_job(PSJobConfig, argv, "disttrain ps", SUMMARY, FLAGS)
     if line is None:
         return 0
+    if line.flags["k8s"] is not None:
+        from disttrain.jobs.k8s_rpc import write_ps_manifest
+
+        return write_ps_manifest(line.cfg, line.flags["k8s"])
     from disttrain.jobs.ps import launch_ps
 
     return launch_ps(line.cfg, plan=line.flags["plan"])

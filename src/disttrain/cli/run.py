@@ -7,6 +7,14 @@ from disttrain.config import Flag, JobConfig, parse_command, to_toml
 SUMMARY = """Train: the bundled character-level GPT on the bundled Shakespeare corpus with every local device, or your
 own model and data (--model.module, --data.module), under DDP, FSDP or HSDP as the memory plan decides."""
 
+K8S = Flag(
+    "--k8s",
+    "write a Kubernetes manifest, pytorchjob (Kubeflow Training Operator) or jobset, with one pod per node "
+    "(--k8s.image IMAGE, --k8s.volume PVC:/path; docs/multi-node.md#kubernetes) and exit",
+    "KIND",
+)
+"""``--k8s KIND``: run's, ps's and rl's."""
+
 FLAGS = (
     Flag("--max-restarts", "restart the job up to N times after a failure", "N", key="launch.max_restarts"),
     Flag(
@@ -16,12 +24,7 @@ FLAGS = (
         key="health.debug",
     ),
     Flag("--slurm", "write an sbatch script for --launch.nnodes nodes (one launcher per node) and exit"),
-    Flag(
-        "--k8s",
-        "write a Kubernetes manifest, pytorchjob (Kubeflow Training Operator) or jobset, with one pod per node "
-        "(--k8s.image IMAGE, --k8s.volume PVC:/path; docs/multi-node.md#kubernetes) and exit",
-        "KIND",
-    ),
+    K8S,
 )
 
 

@@ -1,5 +1,6 @@
-"""The k8s section: what ``disttrain run --k8s pytorchjob|jobset`` (and ``launch --k8s``) needs beyond the job itself
-to write a Kubernetes manifest: the image, where the run folder lives, the namespace, the queue, GPUs and CPUs."""
+"""The k8s section: what ``disttrain run|ps|rl --k8s pytorchjob|jobset`` (and ``launch --k8s``) needs beyond the job
+itself to write a Kubernetes manifest: the image, where the run folder lives, the namespace, the queue, GPUs and
+CPUs."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class K8sConfig:
     """Kueue LocalQueue to submit to (the kueue.x-k8s.io/queue-name label); none: straight to the scheduler."""
     shm_size: str = "auto"
     """Size of /dev/shm (a memory volume, counted in the pod's memory) for the data loader and NCCL
-    (auto: 2 GiB per process)."""
+    (auto: 2 GiB per process; ps and rl: 256 MiB, for RPC's shared-memory transport)."""
     save_gbps: float = 0.5
     """Write rate of the volume in GB/s, for the planned save time that the grace period adds to
     launch.preempt_grace_s."""

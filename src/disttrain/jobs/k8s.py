@@ -1,16 +1,21 @@
 """``disttrain run --k8s KIND`` and ``disttrain launch --k8s KIND``: the job resolved here once (nodes,
 processes per node, the memory plan), turned into one pod's requests and grace period, written as a
-PyTorchJob or JobSet manifest (:mod:`disttrain.launch.k8s.manifest`) with the line that submits it."""
+PyTorchJob or JobSet manifest (:mod:`disttrain.launch.k8s.manifest`) with the line that submits it.
+:func:`write_pods` is the one writer every command's manifest goes through (``ps`` and ``rl``:
+:mod:`disttrain.jobs.k8s_rpc`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any, TypeVar
 
 from disttrain.config import JobConfig, K8sConfig, LaunchConfig, to_toml
 from disttrain.errors import ConfigError
 from disttrain.launch.k8s.manifest import CONFIG_DIR, CONFIG_FILE, JobShape, job_name, manifest, write_manifest
-from disttrain.launch.k8s.resources import PodResources, gib, pod_resources
+from disttrain.launch.k8s.resources import PodResources, gib, plan_bytes, pod_resources
+
+J = TypeVar("J")
 
 
 def check_k8s(k8s: K8sConfig, nnodes: str) -> str:
@@ -37,6 +42,55 @@ def summary(res: PodResources, nnodes: str, nproc: int, preempt_grace_s: int) ->
     )
 
 
+def pod_config(cfg: J, name: str, k8s: K8sConfig, res: PodResources) -> J:
+    """``cfg`` (a job config with ``run`` and ``launch`` sections) as the pods run it: the run named ``name`` in
+    the volume's folder (a rescheduled pod resumes there), no node rank or rendezvous of its own (the operator's
+    variables give them), and the launcher's grace."""
+    c: Any = cfg
+    root = k8s.volume.partition(":")[2].rstrip("/") if k8s.volume else c.run.root
+    return dataclasses.replace(  # type: ignore[no-any-return]
+        c,
+        run=dataclasses.replace(c.run, name=name, root=root),
+        launch=dataclasses.replace(c.launch, node_rank=0, rdzv_endpoint=None, preempt_grace_s=res.rank_grace_s),
+    )
+
+
+def write_pods(
+    kind: str,
+    k8s: K8sConfig,
+    launch: LaunchConfig,
+    *,
+    name: str,
+    args: list[str],
+    nproc: int,
+    res: PodResources,
+    path: Path,
+    config_toml: str | None = None,
+    pod_restarts: bool = True,
+) -> int:
+    """The one writer of every command's manifest: ``launch.nnodes`` pods of ``nproc`` processes, each running
+    ``disttrain ARGS`` with ``res``'s requests and grace, ``config_toml`` as the ConfigMap; written to ``path``
+    with the line that submits it."""
+    shape = JobShape(
+        name=name,
+        namespace=k8s.namespace,
+        image=check_k8s(k8s, launch.nnodes),
+        args=args,
+        nnodes=launch.nnodes,
+        nproc=nproc,
+        max_restarts=launch.max_restarts,
+        resources=res,
+        volume=k8s.volume,
+        config_toml=config_toml,
+        queue=k8s.queue,
+        pod_restarts=pod_restarts,
+    )
+    docs = manifest(kind, shape)
+    print(summary(res, launch.nnodes, nproc, launch.preempt_grace_s))
+    print(write_manifest(path, docs))
+    return 0
+
+
 def write_run_manifest(cfg: JobConfig, kind: str) -> int:
     """The job's config (as a ConfigMap) and one pod per node that runs it, in one named run folder on the
     volume (a rescheduled pod resumes there); the manifest goes to ``run.root`` here."""
@@ -44,7 +98,7 @@ def write_run_manifest(cfg: JobConfig, kind: str) -> int:
 
     from disttrain.resolve import resolve
 
-    image = check_k8s(cfg.k8s, cfg.launch.nnodes)
+    check_k8s(cfg.k8s, cfg.launch.nnodes)
     if cfg.parallel.nproc is None and cfg.k8s.gpus_per_node:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, nproc=cfg.k8s.gpus_per_node))
     wants_gpu = cfg.parallel.device == "cuda" or bool(cfg.k8s.gpus_per_node)
@@ -56,34 +110,23 @@ def write_run_manifest(cfg: JobConfig, kind: str) -> int:
         job = resolve(cfg)
         nproc, device, plan = job.nproc, job.device, job.plan_json
         column = "fsdp_offload" if job.config.parallel.offload else job.strategy
-    res = pod_resources(
-        cfg.k8s, nproc=nproc, device=device, preempt_grace_s=cfg.launch.preempt_grace_s, plan=plan, column=column
-    )
+    host, state = plan_bytes(plan, column, nproc, device)
+    grace = cfg.launch.preempt_grace_s
+    res = pod_resources(cfg.k8s, nproc=nproc, device=device, preempt_grace_s=grace, host_bytes=host, save_bytes=state)
     name = job_name(cfg.run.name)
-    root = cfg.k8s.volume.partition(":")[2].rstrip("/") if cfg.k8s.volume else cfg.run.root
-    pod_cfg = dataclasses.replace(
-        cfg,
-        parallel=dataclasses.replace(cfg.parallel, nproc=nproc),
-        run=dataclasses.replace(cfg.run, name=name, root=root),
-        launch=dataclasses.replace(cfg.launch, node_rank=0, rdzv_endpoint=None, preempt_grace_s=res.rank_grace_s),
-    )
-    shape = JobShape(
+    pod_cfg = pod_config(cfg, name, cfg.k8s, res)
+    pod_cfg = dataclasses.replace(pod_cfg, parallel=dataclasses.replace(cfg.parallel, nproc=nproc))
+    return write_pods(
+        kind,
+        cfg.k8s,
+        cfg.launch,
         name=name,
-        namespace=cfg.k8s.namespace,
-        image=image,
         args=["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
-        nnodes=cfg.launch.nnodes,
         nproc=nproc,
-        max_restarts=cfg.launch.max_restarts,
-        resources=res,
-        volume=cfg.k8s.volume,
+        res=res,
+        path=Path(cfg.run.root) / f"{name}.{kind}.yaml",
         config_toml=to_toml(pod_cfg),
-        queue=cfg.k8s.queue,
     )
-    docs = manifest(kind, shape)
-    print(summary(res, cfg.launch.nnodes, nproc, cfg.launch.preempt_grace_s))
-    print(write_manifest(Path(cfg.run.root) / f"{name}.{kind}.yaml", docs))
-    return 0
 
 
 def write_launch_manifest(
@@ -91,25 +134,18 @@ def write_launch_manifest(
 ) -> int:
     """``disttrain launch --k8s KIND -n N --nnodes M script.py ...``: ``<script>.<kind>.yaml`` beside the script;
     the script's path is the one inside the image."""
-    image = check_k8s(k8s, launch.nnodes)
+    check_k8s(k8s, launch.nnodes)
     n = nproc or k8s.gpus_per_node or 1
     device = "cuda" if k8s.gpus_per_node else "cpu"
     res = pod_resources(k8s, nproc=n, device=device, preempt_grace_s=launch.preempt_grace_s)
-    name = job_name(Path(script).stem)
     restarts = ["--max-restarts", str(launch.max_restarts)] if launch.max_restarts else []
-    shape = JobShape(
-        name=name,
-        namespace=k8s.namespace,
-        image=image,
+    return write_pods(
+        kind,
+        k8s,
+        launch,
+        name=job_name(Path(script).stem),
         args=["launch", "-n", str(n), "--nnodes", launch.nnodes, *restarts, script, *args],
-        nnodes=launch.nnodes,
         nproc=n,
-        max_restarts=launch.max_restarts,
-        resources=res,
-        volume=k8s.volume,
-        queue=k8s.queue,
+        res=res,
+        path=Path(script).resolve().with_suffix(f".{kind}.yaml"),
     )
-    docs = manifest(kind, shape)
-    print(summary(res, launch.nnodes, n, launch.preempt_grace_s))
-    print(write_manifest(Path(script).resolve().with_suffix(f".{kind}.yaml"), docs))
-    return 0

@@ -3,6 +3,7 @@ servers as one torchrun job on this node."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import subprocess
@@ -16,8 +17,9 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
-from disttrain.launch.direct import node_ranks, run_watched, start
+from disttrain.launch.direct import node_ranks, per_node, run_watched, start
 from disttrain.launch.frozen_watch import watch_frozen
+from disttrain.launch.k8s.env import from_pod
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
 from disttrain.ps.config import PSJobConfig
 from disttrain.ps.plan import render_plan
@@ -39,6 +41,8 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
         print(render_plan(ps))
         print(speed_plan(cfg))
         return 0
+    launch, _, _ = from_pod(cfg.launch, None)  # in a PyTorchJob / JobSet pod: its nodes, node rank, rendezvous
+    cfg = dataclasses.replace(cfg, launch=launch)
     if ps.data_path is not None and not Path(ps.data_path).is_file():
         raise ConfigError(f"ps.data_path {ps.data_path} does not exist; give a Criteo-format .tsv file")
     nproc = ps_procs_per_node(cfg)
@@ -67,16 +71,10 @@ def launch_ps(cfg: PSJobConfig, plan: bool = False) -> int:
 
 
 def ps_procs_per_node(cfg: PSJobConfig) -> int:
-    """Trainers + servers spread evenly over ``launch.nnodes`` (ranks in order: trainers, then servers)."""
-    total = cfg.ps.processes
-    nodes = int(cfg.launch.nnodes.split(":")[-1])
-    if ":" in cfg.launch.nnodes or total % nodes:
-        who = "trainers, each with its server" if cfg.ps.colocated else f"trainers + {cfg.ps.servers} servers"
-        raise ConfigError(
-            f"disttrain ps runs {total} processes ({cfg.ps.trainers} {who}), which "
-            f"launch.nnodes {cfg.launch.nnodes!r} must divide evenly (a fixed number of nodes: RPC groups are static)"
-        )
-    return total // nodes
+    """Trainers + servers spread evenly over a fixed ``launch.nnodes`` (ranks in order: trainers, then servers)."""
+    who = "trainers, each with its server" if cfg.ps.colocated else f"trainers + {cfg.ps.servers} servers"
+    what = f"disttrain ps runs {cfg.ps.processes} processes ({cfg.ps.trainers} {who})"
+    return per_node(cfg.ps.processes, cfg.launch.nnodes, what)
 
 
 def launch_watched(cfg: PSJobConfig, run_dir: Path) -> int:

@@ -9,6 +9,7 @@ from the run folder's ``config.toml``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.health.events import log_event
 from disttrain.launch.direct import node_ranks, run_watched, start
+from disttrain.launch.k8s.env import from_pod
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
 from disttrain.rl.nets import check_algo
@@ -34,9 +36,14 @@ def rl_run_dir(cfg: RLJobConfig) -> Path:
 
 def my_ranks(cfg: RLJobConfig) -> tuple[range, str, int]:
     """This node's ranks, the rendezvous host and port (rank 0, the learner, hosts the RPC store)."""
-    rl, world = cfg.rl, world_size(cfg)
-    what = f"disttrain rl runs {world} processes (1 learner + {rl.actors} actors + {rl.spare_actors} spares)"
-    return node_ranks(world, cfg.launch.nnodes, cfg.launch.node_rank, cfg.launch.rdzv_endpoint or "", what)
+    launch = cfg.launch
+    return node_ranks(world_size(cfg), launch.nnodes, launch.node_rank, launch.rdzv_endpoint or "", processes(cfg))
+
+
+def processes(cfg: RLJobConfig) -> str:
+    """The job's processes, for the line that says they do not fit the nodes."""
+    rl = cfg.rl
+    return f"disttrain rl runs {world_size(cfg)} processes (1 learner + {rl.actors} actors + {rl.spare_actors} spares)"
 
 
 def world_size(cfg: RLJobConfig) -> int:
@@ -45,6 +52,8 @@ def world_size(cfg: RLJobConfig) -> int:
 
 
 def launch_rl(cfg: RLJobConfig) -> int:
+    launch, _, _ = from_pod(cfg.launch, None)  # in a PyTorchJob / JobSet pod: its nodes, node rank, rendezvous
+    cfg = dataclasses.replace(cfg, launch=launch)
     rl = cfg.rl
     check_algo(env_spec(rl.env_id), rl.algo)  # an unknown id or an unsupported space: one line, before anything
     ranks, host, port = my_ranks(cfg)

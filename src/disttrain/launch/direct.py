@@ -45,12 +45,24 @@ def start(
     )
 
 
+def per_node(world: int, nnodes: str, what: str) -> int:
+    """Processes per node: ``world`` spread evenly over a fixed ``nnodes`` (an RPC group is fixed when it
+    starts: no MIN:MAX). ``what``: the processes, for the error."""
+    if ":" in nnodes:
+        raise ConfigError(
+            f"{what} in one RPC group, fixed when it starts: launch.nnodes must be a number of nodes, not "
+            f"{nnodes!r} (MIN:MAX is for elastic training jobs)"
+        )
+    if world % int(nnodes):
+        raise ConfigError(f"{what}, which launch.nnodes {nnodes!r} must divide evenly")
+    return world // int(nnodes)
+
+
 def node_ranks(world: int, nnodes: str, node_rank: int, rdzv_endpoint: str, what: str) -> tuple[range, str, int]:
     """This node's ranks of ``world`` spread evenly over ``nnodes``, and the rendezvous host and port (rank 0
     hosts the RPC store; one node: loopback and a free port). ``what``: the processes, for the error."""
-    nodes = int(nnodes.split(":")[-1])
-    if ":" in nnodes or world % nodes:
-        raise ConfigError(f"{what}, which launch.nnodes {nnodes!r} must divide evenly")
+    per = per_node(world, nnodes, what)
+    nodes = world // per
     if nodes == 1:
         return range(world), "127.0.0.1", free_port()
     if not rdzv_endpoint or ":" not in rdzv_endpoint:
@@ -58,7 +70,6 @@ def node_ranks(world: int, nnodes: str, node_rank: int, rdzv_endpoint: str, what
             "launch.nnodes > 1 needs --launch.rdzv-endpoint HOST:PORT (node 0's address, the same everywhere)"
         )
     host, port = rdzv_endpoint.rsplit(":", 1)
-    per = world // nodes
     return range(node_rank * per, (node_rank + 1) * per), host, int(port)
 
 

@@ -1,13 +1,13 @@
 """``disttrain ps``'s job, one dataclass per section as ``disttrain run``'s: ``[ps]`` (servers, trainers,
 consistency, the tables and the model, the servers' optimizer), ``[train]`` (the loop), ``[checkpoint]``, and
-the run folder, launch and health sections every job shares (``disttrain.config``)."""
+the run folder, launch, health and k8s sections every job shares (``disttrain.config``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Literal
 
-from disttrain.config import HealthConfig, LaunchConfig, RunConfig
+from disttrain.config import HealthConfig, K8sConfig, LaunchConfig, RunConfig
 from disttrain.config.values import check
 
 
@@ -230,7 +230,8 @@ class PSJobConfig:
     """A click-through-rate model trained by trainers against parameter servers. Nodes: ``--launch.nnodes 2
     --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` spreads trainers and servers over machines (ranks in
     order: trainers, then servers); ``--launch.max-restarts N`` restarts the whole job from the last server
-    checkpoint; ``[health]`` watches the trainers (heartbeats, the hang watchdog)."""
+    checkpoint; ``[health]`` watches the trainers (heartbeats, the hang watchdog); ``--k8s pytorchjob|jobset``
+    writes a Kubernetes manifest, one pod per node (``[k8s]``)."""
 
     ps: PSConfig = dataclasses.field(default_factory=PSConfig)
     train: PSTrainConfig = dataclasses.field(default_factory=PSTrainConfig)
@@ -238,6 +239,7 @@ class PSJobConfig:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    k8s: K8sConfig = dataclasses.field(default_factory=K8sConfig)
 
     def __post_init__(self) -> None:
         check(

@@ -1,13 +1,13 @@
 """``disttrain rl``'s job, one dataclass per section as ``disttrain run``'s: ``[rl]`` (the environment, the
 algorithm, actors and learner, replay, exploration), ``[train]`` (when it stops and what it logs, the seed),
-``[checkpoint]``, and the run folder and launch sections every job shares (``disttrain.config``)."""
+``[checkpoint]``, and the run folder, launch, health and k8s sections every job shares (``disttrain.config``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Literal
 
-from disttrain.config import HealthConfig, LaunchConfig, RunConfig
+from disttrain.config import HealthConfig, K8sConfig, LaunchConfig, RunConfig
 from disttrain.config.values import check
 
 VECTOR_REPLAY = 100_000  # rl.replay_capacity's default for vector observations
@@ -187,7 +187,8 @@ class RLJobConfig:
     """Actors play a gymnasium environment and send experience to one learner over RPC. Nodes: ``--launch.nnodes
         2 --launch.rdzv-endpoint HOST:PORT --launch.node-rank K`` (rank 0, the learner, on node 0; actors spread over
         the nodes). ``[health]``: the learner and every actor write heartbeats; one whose process stops is named and
-    ended within ``health.hang_timeout_s`` (else ``health.hang_floor_s``)."""
+    ended within ``health.hang_timeout_s`` (else ``health.hang_floor_s``). ``--k8s pytorchjob|jobset`` writes a
+    Kubernetes manifest, one pod per node (``[k8s]``)."""
 
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
     train: RLTrainConfig = dataclasses.field(default_factory=RLTrainConfig)
@@ -195,6 +196,7 @@ class RLJobConfig:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    k8s: K8sConfig = dataclasses.field(default_factory=K8sConfig)
 
     def __post_init__(self) -> None:
         check(

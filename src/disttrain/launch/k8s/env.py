@@ -103,7 +103,7 @@ def in_cluster(launch: LaunchConfig, cluster: Cluster) -> LaunchConfig:
     if cluster.nnodes and launch.nnodes not in ("1", cluster.nnodes):
         raise ConfigError(
             f"launch.nnodes is {launch.nnodes} but this {cluster.operator} has {cluster.nnodes} pod(s) "
-            f"(PET_NNODES): write the manifest again with disttrain run --k8s, or set --launch.nnodes {cluster.nnodes}"
+            f"(PET_NNODES): write the manifest again with --k8s, or set --launch.nnodes {cluster.nnodes}"
         )
     return dataclasses.replace(
         launch,

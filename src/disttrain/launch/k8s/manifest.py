@@ -2,9 +2,10 @@
 (jobset.x-k8s.io/v1alpha2), one pod per node, each running one disttrain launcher (a torchrun agent) that
 finds its node rank and the rendezvous in the operator's variables (:mod:`disttrain.launch.k8s.env`).
 
-A ``run`` job's config travels as a ConfigMap beside the job, mounted at :data:`CONFIG_DIR`. The run folder
-is on the volume (a rescheduled pod resumes from its checkpoints), /dev/shm is a memory volume (the data
-loader's and NCCL's shared memory), and the grace period covers the step, the save and the launcher's exit.
+A ``run``, ``ps`` or ``rl`` job's config travels as a ConfigMap beside the job, mounted at :data:`CONFIG_DIR`.
+The run folder is on the volume (a rescheduled pod resumes from its checkpoints), /dev/shm is a memory volume
+(the data loader's and NCCL's shared memory), and the grace period covers the step, the save and the launcher's
+exit.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class JobShape:
     config_toml: str | None = None
     """The job's config, as a ConfigMap mounted at CONFIG_DIR (``run``); None for ``launch``."""
     queue: str | None = None
+    pod_restarts: bool = True
+    """Whether a failed pod may restart alone (a PyTorchJob's ``OnFailure``): its launcher rejoins the others in
+    torchrun's rendezvous. False for a job whose launcher starts a fixed RPC group itself (``rl``, ``ps`` with
+    spares or asp), which a lone restarted pod cannot rejoin: such a PyTorchJob's pods do not restart
+    (``Never``); a JobSet restarts every pod together either way."""
 
 
 def job_name(name: str | None) -> str:
@@ -115,11 +121,12 @@ def pytorchjob(shape: JobShape) -> list[dict[str, Any]]:
     """A PyTorchJob: N fixed nodes as a Master (node 0, whose service ``<name>-master-0`` hosts the c10d
     rendezvous on MASTER_PORT) and N - 1 Workers; MIN:MAX nodes as MAX Workers under an elastic policy (the
     rendezvous on ``<name>-worker-0``). Restarts: the operator's backoff limit (and the elastic policy's
-    maxRestarts, torchrun's inside each pod)."""
+    maxRestarts, torchrun's inside each pod); none for a job whose pods cannot restart alone."""
     template = pod_template(shape, [])
+    policy = "OnFailure" if shape.pod_restarts else "Never"
 
     def replicas(n: int) -> dict[str, Any]:
-        return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
+        return {"replicas": n, "restartPolicy": policy, "template": template}
 
     spec: dict[str, Any] = {"runPolicy": {"backoffLimit": shape.max_restarts}, "nprocPerNode": str(shape.nproc)}
     if ":" in shape.nnodes:

@@ -56,16 +56,18 @@ def gib(n: int) -> str:
     return f"{max(1, math.ceil(n / GiB))}Gi"
 
 
-def rank_bytes(plan: dict[str, Any] | None, column: str | None) -> tuple[int, int]:
-    """(host bytes, checkpoint bytes) of one rank in the plan's ``column`` (0, 0 without a plan): the state a
-    checkpoint holds (parameters and optimizer, fp32; what offload keeps in host memory) is also copied to host
-    memory by the asynchronous save; on CPU the whole plan is host memory."""
+def plan_bytes(plan: dict[str, Any] | None, column: str | None, nproc: int, device: str) -> tuple[int, int]:
+    """(host bytes, checkpoint bytes) of one node of ``nproc`` ranks in the memory plan's ``column`` (the strategy
+    that runs; 0, 0 without a plan): the state a checkpoint holds (parameters and optimizer, fp32; what offload
+    keeps in host memory) is also copied to host memory by the asynchronous save; on CPU the whole plan is host
+    memory."""
     strategies = (plan or {}).get("strategies", {})
     if column not in strategies:
         return 0, 0
     s = strategies[column]
     state = int(s["params"]) + int(s["optimizer"]) + int(s.get("host", 0))
-    return state + int(s.get("host", 0)), state
+    host = state + int(s.get("host", 0)) + (int(s["total"]) if device == "cpu" else 0)
+    return nproc * host, nproc * state
 
 
 def pod_resources(
@@ -74,17 +76,19 @@ def pod_resources(
     nproc: int,
     device: str,
     preempt_grace_s: int,
-    plan: dict[str, Any] | None = None,
-    column: str | None = None,
+    host_bytes: int = 0,
+    save_bytes: int = 0,
+    shm_per_process: int = SHM_PER_PROCESS,
 ) -> PodResources:
-    """One pod's requests for ``nproc`` ranks on ``device`` with the memory plan's ``column`` (the strategy that
-    runs)."""
+    """One pod's requests for ``nproc`` processes on ``device``: each process's base, ``host_bytes`` more of host
+    memory on the node (what the job keeps there: :func:`plan_bytes` for ``run``, the tables for ``ps``, the
+    replay for ``rl``) and /dev/shm; the grace period adds the planned time to write ``save_bytes`` (the node's
+    share of a checkpoint written when the pod is stopped). /dev/shm: ``k8s.shm_size``, or (auto) ``shm_per_process``
+    per process; whole GiB, as its volume's size limit is written."""
     gpus = k8s.gpus_per_node if k8s.gpus_per_node is not None else (nproc if device == "cuda" else 0)
     cpus = k8s.cpus_per_node or (8 * gpus if gpus else nproc)
-    host, state = rank_bytes(plan, column)
-    if device == "cpu" and plan is not None and column in plan.get("strategies", {}):
-        host += int(plan["strategies"][column]["total"])
-    shm = SHM_PER_PROCESS * nproc if k8s.shm_size == "auto" else parse_bytes(k8s.shm_size, "k8s.shm_size")
-    memory = nproc * (PROCESS_BASE.get(device, PROCESS_BASE["cpu"]) + host) + shm
-    save_s = math.ceil(nproc * state / (k8s.save_gbps * 1e9))
+    shm = shm_per_process * nproc if k8s.shm_size == "auto" else parse_bytes(k8s.shm_size, "k8s.shm_size")
+    shm = GiB * max(1, math.ceil(shm / GiB))
+    memory = nproc * PROCESS_BASE.get(device, PROCESS_BASE["cpu"]) + host_bytes + shm
+    save_s = math.ceil(save_bytes / (k8s.save_gbps * 1e9))
     return PodResources(gpus, cpus, memory, shm, save_s, preempt_grace_s + save_s)
