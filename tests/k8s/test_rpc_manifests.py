@@ -220,3 +220,31 @@ def test_in_a_pod_ps_and_rl_take_their_node_from_the_operator(
     assert rl_job.launch_rl(rl) == 0
     assert started == [(4, 6, "tj-master-0", 29400), (5, 6, "tj-master-0", 29400)]  # node 2's two actors
     assert "disttrain: in a PyTorchJob pod: node rank 2 of 3 pod(s)" in capsys.readouterr().out
+
+
+def test_a_stopped_pods_rpc_launcher_stops_its_workers_at_once(tmp_path: Path) -> None:
+    """The kubelet's SIGTERM to the container's first process, the ps / rl launcher (`run_watched`): its workers
+    get SIGTERM, it exits 143 with one line, within seconds instead of the grace period."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from disttrain.config import HealthConfig
+    from disttrain.launch.direct import run_watched
+
+    procs = {r: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for r in range(2)}
+
+    def watch() -> int:
+        while True:
+            time.sleep(0.05)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    code = run_watched(procs, HealthConfig(enabled=False), tmp_path, 0, watch)
+    assert code == 143 and time.monotonic() - t0 < 10
+    assert [p.poll() for p in procs.values()] == [-signal.SIGTERM, -signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handler lasts as long as its watch

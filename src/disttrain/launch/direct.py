@@ -9,10 +9,12 @@ launcher's frozen-rank watch); rank 0 prints to this console, every rank's outpu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -77,7 +79,10 @@ def run_watched(
     procs: dict[int, subprocess.Popen[bytes]], health: Any, run_dir: Path, node: int, watch: Callable[[], int]
 ) -> int:
     """``watch()`` (the job's own loop over ``procs``) under the launcher's frozen-rank watch; Ctrl-C passes to
-    the workers (exit 130), and no worker outlives it."""
+    the workers (exit 130), SIGTERM too (exit 143: a scheduler or the kubelet stopping this node; as the
+    container's first process the launcher would otherwise ignore it and wait for SIGKILL), and no worker
+    outlives it. These jobs checkpoint on their schedule: a stopped one resumes from its newest checkpoint."""
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         with watch_frozen(health, run_dir, node):  # names a worker whose process stopped
             return watch()
@@ -85,7 +90,39 @@ def run_watched(
         for p in procs.values():
             p.send_signal(signal.SIGINT)
         return 130
+    except Terminated:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        _wait(procs, TERM_WAIT_S)
+        print(
+            f"disttrain: terminated (SIGTERM): the workers were stopped; run the same command again to resume "
+            f"from the newest checkpoint in {run_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 143
     finally:
+        signal.signal(signal.SIGTERM, old)
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
+
+
+TERM_WAIT_S = 10.0
+"""How long stopped workers get to exit before they are killed."""
+
+
+class Terminated(Exception):
+    """SIGTERM reached the launcher."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _wait(procs: dict[int, subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for p in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
