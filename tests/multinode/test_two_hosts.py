@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import time
@@ -87,11 +86,14 @@ def disttrain_cmd(args: list[str]) -> list[str]:
     return [str(DISTTRAIN), *args]
 
 
-def test_a_host_that_dies_stops_the_other_with_one_line_and_a_preempted_host_saves_both_and_all_resume_bitwise(
+def test_a_host_that_dies_stops_the_other_with_one_line_and_both_resume_bitwise(
     tmp_path: Path, small_text: Path
 ) -> None:
+    """Host B gone mid-run: host A's job ends within seconds, naming it; both hosts again resume from the newest
+    checkpoint, and the steps run twice give the same losses bit for bit. (A preempted host, SIGTERM, saving on
+    both: tests/multinode/test_k8s_pods.py, whose pods are two such hosts.)"""
     run = tmp_path / "lost"
-    args = job(small_text, tmp_path, "lost", 40, "--parallel.strategy", "hsdp")
+    args = job(small_text, tmp_path, "lost", 16, "--parallel.strategy", "hsdp")
     with two_hosts() as (a, b):
         procs = launch(a, b, args)
         wait_for_step(run, 6)
@@ -104,20 +106,8 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_a_preempted_host_sav
         line = f"lost contact with {b.addr}"
         assert line in ra.stderr and "start the job on every node again to resume" in ra.stderr, ra.stderr[-3000:]
         assert "Traceback" not in ra.stderr, ra.stderr[-3000:]
-        # both hosts again: resumes from the newest checkpoint; then host A is preempted: its launcher gets
-        # SIGTERM (`ip netns exec` execs it: the pid is the launcher's), B only learns it through the step
-        procs = launch(a, b, args)
-        wait_for_step(run, 9)
-        os.kill(procs[0].pid, signal.SIGTERM)
-        ra, rb = finish(procs, timeout=120)
-        last = max(metric_steps(run))
-        for r in (ra, rb):
-            said = [x for x in r.stderr.splitlines() if x.startswith("disttrain: ")]
-            assert r.returncode == 143 and len(said) == 1, (r.returncode, r.stderr[-3000:])
-            assert said[0].startswith(
-                f"disttrain: terminated (SIGTERM) at step {last}; newest complete checkpoint: step {last};"
-            ), said
-        ra, rb = on_two_hosts(a, b, args)  # and again: on from the step both saved
+        lost_at = max(metric_steps(run))
+        ra, rb = on_two_hosts(a, b, args)  # both hosts again: on from the newest checkpoint
         assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     first: dict[int, float] = {}
@@ -129,8 +119,8 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_a_preempted_host_sav
             assert r["loss"] == first[r["step"]], r  # a step run twice gives the same loss, bit for bit
             again.append(r["step"])
         first[r["step"]] = r["loss"]
-    assert sorted(first) == list(range(1, 41)) and len(again) >= 2, (sorted(first), again)
-    assert max(again) < last, (again, last)  # after the preemption's checkpoint no step ran twice
+    assert sorted(first) == list(range(1, 17)) and again, (sorted(first), again)
+    assert max(again) <= lost_at, (again, lost_at)  # only the steps after the newest checkpoint ran twice
 
 
 def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resumes(
