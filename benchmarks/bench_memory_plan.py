@@ -46,7 +46,7 @@ from disttrain.testing.launch import finish_worker, is_worker, launch_and_collec
 GiB = 2**30
 MiB = 2**20
 TARGETS = {"params": 5.0, "grads": 5.0, "optimizer": 5.0, "total peak": 20.0}
-ROWS = ("params", "grads", "optimizer", "activations", "total peak")
+ROWS = ("params", "grads", "optimizer", "activations saved", "total peak")  # disttrain.plan.render.compare's rows
 STRATEGIES = ("ddp", "fsdp", "fsdp_no_reshard", "fsdp_offload")
 K_ADAM = 12  # DeepSpeed's K for mixed-precision Adam: fp32 master weights + two fp32 moments
 
