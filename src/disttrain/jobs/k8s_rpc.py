@@ -83,7 +83,15 @@ def write_ps_manifest(cfg: PSJobConfig, kind: str) -> int:
     nproc = ps_procs_per_node(cfg)  # MIN:MAX or an uneven split: one line (RPC groups are fixed)
     if cfg.ps.watched:
         fixed_group_restarts(kind, cfg.launch.max_restarts, "disttrain ps with spare servers or asp trainers")
-    host = ps_node_bytes(cfg, nproc)
+    # torchrun's agents take a restarted pod back; the watched path cannot
+    return _write_rpc_pods(cfg, kind, "ps", nproc, ps_node_bytes(cfg, nproc), pod_restarts=not cfg.ps.watched)
+
+
+def _write_rpc_pods(
+    cfg: PSJobConfig | RLJobConfig, kind: str, command: str, nproc: int, host: int, pod_restarts: bool
+) -> int:
+    """The pods of an RPC job (``command``: ps or rl) on CPUs: ``host`` bytes per node besides the processes,
+    /dev/shm for RPC's shared-memory transport, the job's config in the ConfigMap."""
     res = pod_resources(
         cfg.k8s,
         nproc=nproc,
@@ -98,12 +106,12 @@ def write_ps_manifest(cfg: PSJobConfig, kind: str) -> int:
         cfg.k8s,
         cfg.launch,
         name=name,
-        args=["ps", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        args=[command, "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         nproc=nproc,
         res=res,
         path=Path(cfg.run.root) / f"{name}.{kind}.yaml",
         config_toml=to_toml(pod_config(cfg, name, cfg.k8s, res)),
-        pod_restarts=not cfg.ps.watched,  # torchrun's agents take a restarted pod back; the watched path cannot
+        pod_restarts=pod_restarts,
     )
 
 
@@ -132,25 +140,5 @@ def write_rl_manifest(cfg: RLJobConfig, kind: str) -> int:
     fixed_group_restarts(kind, cfg.launch.max_restarts, "disttrain rl")
     spec = env_spec(rl.env_id)  # an unknown id or an unsupported space: one line, as the job itself says it
     check_algo(spec, rl.algo)
-    host = 2 * replay_bytes(cfg, spec)
-    res = pod_resources(
-        cfg.k8s,
-        nproc=nproc,
-        device="cpu",
-        preempt_grace_s=cfg.launch.preempt_grace_s,
-        host_bytes=host,
-        shm_per_process=RPC_SHM_PER_PROCESS,
-    )
-    name = job_name(cfg.run.name)
-    return write_pods(
-        kind,
-        cfg.k8s,
-        cfg.launch,
-        name=name,
-        args=["rl", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
-        nproc=nproc,
-        res=res,
-        path=Path(cfg.run.root) / f"{name}.{kind}.yaml",
-        config_toml=to_toml(pod_config(cfg, name, cfg.k8s, res)),
-        pod_restarts=False,  # the launcher starts the RPC group itself: a restarted pod alone cannot rejoin it
-    )
+    # the launcher starts the RPC group itself: a restarted pod alone cannot rejoin it
+    return _write_rpc_pods(cfg, kind, "rl", nproc, 2 * replay_bytes(cfg, spec), pod_restarts=False)

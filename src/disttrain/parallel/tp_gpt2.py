@@ -59,13 +59,19 @@ class Conv1DColwise(ColwiseParallel):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not is_conv1d(module):
             return super()._apply(module, device_mesh)
-        return distribute_module(  # type: ignore[no-any-return]
-            module,
-            device_mesh,
-            self._partition_conv1d_fn,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_conv1d(self, module, device_mesh)
+
+
+def _distribute_conv1d(style: Conv1DColwise | Conv1DRowwise, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """``style``'s ``_apply`` for a Conv1D: its own partition of the parameters, the library's input and output
+    hooks."""
+    return distribute_module(  # type: ignore[no-any-return]
+        module,
+        mesh,
+        style._partition_conv1d_fn,
+        partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),  # type: ignore[arg-type]
+        partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),  # type: ignore[arg-type]
+    )
 
 
 class Conv1DRowwise(RowwiseParallel):
@@ -80,13 +86,7 @@ class Conv1DRowwise(RowwiseParallel):
         if not is_conv1d(module):
             return super()._apply(module, device_mesh)
         self.desired_input_layouts = (Shard(-1),)  # as for a Linear: the input split over its last dim
-        return distribute_module(  # type: ignore[no-any-return]
-            module,
-            device_mesh,
-            self._partition_conv1d_fn,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_conv1d(self, module, device_mesh)
 
 
 def qkv_order(heads: int, width: int) -> torch.Tensor:
