@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 if (reason := why_not()) is not None:
     pytestmark.append(pytest.mark.skip(reason=reason))
 
-STEPS = 8
+STEPS = 24  # long enough that the SIGTERM after step 3 lands mid-run, not as the job ends
 
 
 def operator_env(job: dict[str, Any], replica: str, index: int) -> dict[str, str]:

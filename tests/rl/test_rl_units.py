@@ -160,6 +160,7 @@ def test_without_gymnasium_disttrain_rl_names_the_install_command(
 
 
 def test_every_disttrain_rl_command_in_its_guide_parses() -> None:
+    from disttrain.cli.rl import FLAGS
     from disttrain.config import parse_command
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "reinforcement-learning.md").read_text()
@@ -167,6 +168,6 @@ def test_every_disttrain_rl_command_in_its_guide_parses() -> None:
     commands = [line.split("#")[0].split()[2:] for line in bash.splitlines() if line.startswith("disttrain rl ")]
     assert len(commands) >= 5
     for argv in commands:
-        line = parse_command(RLJobConfig, argv, "disttrain rl", "")
+        line = parse_command(RLJobConfig, argv, "disttrain rl", "", FLAGS)
         assert line is not None
         env_spec(line.cfg.rl.env_id)
