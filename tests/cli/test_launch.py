@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from disttrain.launch.torchrun import worker_env_defaults
 from disttrain.testing.tiny import tiny_cli_args
+from disttrain.utils.host import reserved_port
 from disttrain.utils.malloc import CPU_MALLOC_ENV
 
 from conftest import disttrain
@@ -17,14 +22,20 @@ from conftest import disttrain
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPT = """
-import json, os, sys
+import json, os, socket, sys
 from pathlib import Path
 out = Path(sys.argv[1])
+probe = socket.socket()
+try:  # nobody listens on MASTER_PORT here (no store); the launcher holds it from every other process
+    probe.bind(("", int(os.environ["MASTER_PORT"])))
+    held = False
+except OSError:
+    held = True
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 rank = int(os.environ["RANK"])
 env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
                                       "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")}
-(out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps({"env": env, "args": sys.argv[2:]}))
+(out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps({"env": env, "args": sys.argv[2:], "held": held}))
 if attempt == 0 and rank == 1:
     sys.exit(3)  # the first attempt fails on one rank; torchrun restarts the whole group
 """
@@ -41,8 +52,37 @@ def test_launch_sets_torchrun_env_and_restarts(tmp_path: Path) -> None:
             assert got["env"]["RANK"] == str(rank) and got["env"]["WORLD_SIZE"] == "2"
             assert got["env"]["LOCAL_RANK"] == str(rank) and got["env"]["OMP_NUM_THREADS"] == "1"
             assert got["args"] == ["--flag", "x"]
+            assert got["held"], "the agent's MASTER_PORT was free for any process to take before rank 0 listens"
             # CPU workers: glibc serves large buffers from its heap and keeps them (no fresh pages every step)
             assert {k: got["env"][k] for k in CPU_MALLOC_ENV} == CPU_MALLOC_ENV
+
+
+def test_a_reserved_port_is_never_handed_out_and_a_store_can_still_listen_on_it() -> None:
+    """The race behind a rare ``EADDRINUSE`` at the rendezvous: a port picked free, then taken by another
+    process's automatic pick before rank 0 listens. A held port is skipped by the kernel's picks (60,000 of them,
+    over twice the ephemeral range), and c10d's store listens on it."""
+    port = reserved_port()
+    picks = subprocess.run(
+        [sys.executable, "-c", PICKS, str(port)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert picks.strip() == "0", picks
+    for libuv in (True, False):
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, use_libuv=libuv, timeout=timedelta(seconds=10))
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert store.get("k") == b"v"
+        del client, store
+
+
+PICKS = """
+import socket, sys
+port, hits = int(sys.argv[1]), 0
+for _ in range(60000):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        hits += s.getsockname()[1] == port
+print(hits)
+"""
 
 
 def test_cpu_workers_get_the_allocator_settings_unless_the_user_set_any() -> None:

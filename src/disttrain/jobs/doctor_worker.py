@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain.plan.machine import boot_id
-from disttrain.utils.host import free_port
+from disttrain.utils.host import reserved_port
 from disttrain.utils.process import run_and_exit
 
 
@@ -234,7 +234,7 @@ def _rpc_figures(rank: int, world: int) -> list[dict[str, Any]] | None:
 
     from disttrain.rpc.transport import socket_only
 
-    port = [free_port("") if rank == 0 else 0]
+    port = [reserved_port() if rank == 0 else 0]
     dist.broadcast_object_list(port, src=0)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     opts = rpc.TensorPipeRpcBackendOptions(

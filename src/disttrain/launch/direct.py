@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from disttrain.errors import ConfigError
 from disttrain.launch.frozen_watch import watch_frozen
-from disttrain.utils.host import free_port
+from disttrain.utils.host import reserved_port
 
 
 def start(
@@ -66,7 +66,7 @@ def node_ranks(world: int, nnodes: str, node_rank: int, rdzv_endpoint: str, what
     per = per_node(world, nnodes, what)
     nodes = world // per
     if nodes == 1:
-        return range(world), "127.0.0.1", free_port()
+        return range(world), "127.0.0.1", reserved_port()
     if not rdzv_endpoint or ":" not in rdzv_endpoint:
         raise ConfigError(
             "launch.nnodes > 1 needs --launch.rdzv-endpoint HOST:PORT (node 0's address, the same everywhere)"

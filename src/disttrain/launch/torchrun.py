@@ -21,6 +21,7 @@ from disttrain.errors import ConfigError
 from disttrain.health.peers import PEER_LOST_EXIT
 from disttrain.launch.agent_log import quiet_agent_log
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
+from disttrain.utils.host import reserved_port
 from disttrain.utils.malloc import CPU_MALLOC_ENV, allocator_is_ours
 
 STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -124,6 +125,7 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     worker_env_defaults(os.environ, nproc, device_type)
     quiet_agent_log()  # a Ctrl-C is our one line, not three of the agent's warnings
     args = get_args_parser().parse_args(argv)
+    hold_master_ports()
     if args.local_addr:
         set_interface_env(os.environ, args.local_addr)
     try:
@@ -146,6 +148,15 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     return 0
 
 
+def hold_master_ports() -> None:
+    """Make this process's torchrun agent hold the port it names for rank 0's store (``MASTER_PORT``) until the
+    job ends: its own pick (``get_free_port``, used as we do not share the agent's store) is only free until
+    someone else binds it, and on a busy host rank 0 then fails to listen (``EADDRINUSE``)."""
+    import torch.distributed.elastic.rendezvous.api as rdzv_api
+
+    rdzv_api.get_free_port = reserved_port  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def _pruned(log_dir: Path | None) -> Iterator[None]:
     """Remove the empty folders under ``log_dir`` (and it, if empty) when torchrun is done: it makes one per rank
@@ -160,6 +171,13 @@ def _pruned(log_dir: Path | None) -> Iterator[None]:
                     folder.rmdir()
             with contextlib.suppress(OSError):
                 log_dir.rmdir()
+
+
+_HELD_TORCHRUN = (
+    "from disttrain.launch.torchrun import hold_master_ports; hold_master_ports(); "
+    "from torch.distributed.run import main; main()"
+)
+"""``python -m torch.distributed.run``, its agent holding rank 0's port (:func:`hold_master_ports`)."""
 
 
 def run_module_captured(
@@ -178,7 +196,7 @@ def run_module_captured(
     variables; the worker defaults of :func:`run_torchrun` fill in the rest."""
     child_env = {**os.environ, **(env or {})}
     worker_env_defaults(child_env, nproc, device_type)
-    argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(nproc, LaunchConfig())]
+    argv = [sys.executable, "-c", _HELD_TORCHRUN, *torchrun_argv(nproc, LaunchConfig())]
     proc = subprocess.run([*argv, "-m", module, *args], env=child_env, capture_output=True, text=True, timeout=timeout)
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-tail_lines:]
     return proc.returncode, " | ".join(tail)
