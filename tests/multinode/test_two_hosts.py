@@ -222,5 +222,5 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
     assert all(r.returncode == 0 for r in runs), runs[0].stdout + runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
     recs = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     measured = statistics.median([r["samples_per_s"] for r in recs if "samples_per_s" in r][10:])
-    print(f"ps over a 20 Mbit/s link: predicted {predicted:,.0f}, measured {measured:,.0f} samples/s")
+    print(plan.stdout, f"ps over a 20 Mbit/s link: predicted {predicted:,.0f}, measured {measured:,.0f} samples/s")
     assert abs(measured / predicted - 1) <= ERROR, (predicted, measured, plan.stdout)

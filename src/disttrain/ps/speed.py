@@ -11,7 +11,9 @@ One BSP step, with ``U[t][s]`` the distinct rows trainer t reads from and pushes
   and, to server 0, its dense gradient; the answer carries the rows and the mean dense gradient. A message to
   one's own server (colocated) stays in the process; within a node it crosses the ``rpc`` link, across nodes
   the ``rpc_inter`` link. The messages' time is a round trip, plus the sends' bytes on the busiest direction of
-  a link at its rate, then the answers' (an answer leaves once every trainer's send has arrived);
+  a link at its rate, then the answers' (an answer leaves once every trainer's send has arrived); overlapped,
+  a direction carries one step's sends and the other's answers at once (a trainer's sends to a server on the
+  other node share it with that node's server's answers), so the busiest direction's bytes of both;
 * the step: plain, compute + messages + the server's update; overlapped (``ps.overlap``), the larger of a
   process's CPU time (its trainer's and its server's work) and a message's round trip (its CPU at both ends,
   its travel and the server's update): a step's message travels while the next step computes. A node with
@@ -114,7 +116,11 @@ def messages_time(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], nn
     """A step's messages: the round trip and the bytes (plain steps send, then answer; overlapped ones keep each
     direction of a link busy with both at once), and the dense part's own traffic when it is not in them."""
     ps, per, dense_bytes = cfg.ps, cfg.ps.processes // nnodes, 4 * costs.dense_params
-    seconds = flow.round_trip + _busiest(links, flow.sends) + _busiest(links, flow.answers)
+    if ps.overlapped:  # one direction of a link carries its sends and answers together
+        both = {pair: flow.sends.get(pair, 0.0) + flow.answers.get(pair, 0.0) for pair in {*flow.sends, *flow.answers}}
+        seconds = flow.round_trip + _busiest(links, both)
+    else:
+        seconds = flow.round_trip + _busiest(links, flow.sends) + _busiest(links, flow.answers)
     if ps.dense_where == "server":  # the dense weights read from server 0 and its gradient pushed there
         far = _link(links, 0, ps.server_rank(0) // per)
         seconds += 2 * far[0] + 2 * dense_bytes / far[1]
