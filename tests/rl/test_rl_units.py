@@ -69,6 +69,25 @@ def test_the_replay_ratio_defaults_per_environment_and_an_explicit_one_wins() ->
         RLConfig(replay_ratio=0.0)
 
 
+def test_the_target_network_is_copied_every_n_updates_or_follows_by_polyak_averaging() -> None:
+    from disttrain.rl.updates import follow
+
+    net, target = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    before = [p.clone() for p in target.parameters()]
+    follow(target, net, 1.0, every=4, step=3)  # not yet
+    assert all(torch.equal(a, b) for a, b in zip(target.parameters(), before, strict=True))
+    follow(target, net, 1.0, every=4, step=4)
+    assert all(torch.equal(a, b) for a, b in zip(target.parameters(), net.parameters(), strict=True))
+    target = torch.nn.Linear(3, 2)
+    start = [p.clone() for p in target.parameters()]
+    for step in (1, 2):
+        follow(target, net, 0.25, every=4, step=step)  # every update, a quarter of the way
+    for t, s0, n in zip(target.parameters(), start, net.parameters(), strict=True):
+        torch.testing.assert_close(t, n + (s0 - n) * 0.75**2)
+    with pytest.raises(ConfigError, match="rl.tau must be in"):
+        RLConfig(tau=0.0)
+
+
 def test_learner_side_batched_inference_gives_the_actions_actor_side_inference_gives() -> None:
     cfg = RLConfig(actors=3)
     lr = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))

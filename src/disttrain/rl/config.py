@@ -70,7 +70,10 @@ class RLConfig:
     beta: float = 0.4
     """Prioritized replay: importance-sampling exponent (annealed to 1 over the run)."""
     target_every: int = 250
-    """dqn: copy the online network into the target network every this many updates."""
+    """dqn: copy the online network into the target network every this many updates (rl.tau 1)."""
+    tau: float = 1.0
+    """dqn: 1: the target network is a copy, every rl.target_every updates; below 1: after every update it moves
+    this fraction of the way to the online network (Polyak averaging, as TD3/SAC do; rl.target_every unused)."""
     eps_base: float = 0.4
     """dqn: actor i explores with eps_base ** (1 + eps_alpha * i / (actors - 1)) (the Ape-X ladder)."""
     eps_alpha: float = 7.0
@@ -111,6 +114,7 @@ class RLConfig:
         check(self.explore_steps >= 0, f"rl.explore_steps must be >= 0, got {self.explore_steps}")
         check(self.spare_actors >= 0, f"rl.spare_actors must be >= 0, got {self.spare_actors}")
         check(self.max_lag >= 0, f"rl.max_lag must be >= 0, got {self.max_lag}")
+        check(0 < self.tau <= 1, f"rl.tau must be in (0, 1], got {self.tau} (1: hard copies every rl.target_every)")
         check(self.rpc_timeout_s > 0, f"rl.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
 
     @property

@@ -176,8 +176,8 @@ class Learner:
             self.replay.update_priorities(idx, td)  # one vectorised sum-tree update for the whole batch
             self.losses.append(loss)
         self.c.updates += 1
-        if cfg.algo == "dqn" and self.c.updates % cfg.target_every == 0:
-            self.target.load_state_dict(self.net.state_dict())
+        if cfg.algo == "dqn":
+            updates.follow(self.target, self.net, cfg.tau, every=cfg.target_every, step=self.c.updates)
         if cfg.algo == "reinforce" or self.c.updates % cfg.sync_every == 0:
             self.refresh_acting()
         return True

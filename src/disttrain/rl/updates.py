@@ -1,4 +1,4 @@
-"""The learner's two updates: double DQN on a replay sample, and REINFORCE on whole episodes."""
+"""The learner's two updates (double DQN on a replay sample, REINFORCE on whole episodes) and the target network's."""
 
 from __future__ import annotations
 
@@ -67,3 +67,14 @@ def reinforce_step(
     loss.backward()
     opt.step()
     return float(loss.detach())
+
+
+@torch.no_grad()
+def follow(target: nn.Module, net: nn.Module, tau: float, *, every: int, step: int) -> None:
+    """The target network after update ``step``: ``net``'s copy every ``every`` updates (``tau`` 1), else moved
+    ``tau`` of the way to ``net`` (Polyak averaging)."""
+    if tau >= 1.0:
+        if step % every == 0:
+            target.load_state_dict(net.state_dict())
+        return
+    torch._foreach_lerp_(list(target.parameters()), list(net.parameters()), tau)
