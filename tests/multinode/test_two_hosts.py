@@ -1,6 +1,7 @@
 """`disttrain run` across two hosts (network namespaces, one launcher each, rendezvous on host A's address):
 HSDP over 2 hosts x 2 ranks reproduces a single process; its checkpoint resumes on one host; a host that
-disappears stops the other with a message instead of a hang, and both resume from the last checkpoint."""
+disappears stops the other with a message instead of a hang, and both resume from the last checkpoint; a cut link
+ends the step on both with one line."""
 
 from __future__ import annotations
 
@@ -123,10 +124,16 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_both_resume_bitwise(
     assert max(again) <= lost_at, (again, lost_at)  # only the steps after the newest checkpoint ran twice
 
 
-def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resumes(
+def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_leaves_an_intact_checkpoint(
     tmp_path: Path, small_text: Path
 ) -> None:
+    """Both hosts live on, without a link: each says which peer it lost, and the newest complete checkpoint is
+    intact (a resume from it is the host-loss test's)."""
+    from disttrain.checkpoint.commit import latest
+    from disttrain.checkpoint.verify import verify_checkpoint
+
     args = job(small_text, tmp_path, "cut", 10, "--parallel.strategy", "hsdp", "--parallel.timeout-s", "8")
+    args += ["--checkpoint.async-mode", "off"]  # step 4's checkpoint is committed before step 5 begins
     with two_hosts() as (a, b):
         procs = launch(a, b, args)
         wait_for_step(tmp_path / "cut", 5)
@@ -135,14 +142,14 @@ def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_the_job_resume
         ra, rb = finish(procs, timeout=90)
         took = time.monotonic() - cut
         a.link(up=True)
-        assert ra.returncode != 0 and rb.returncode != 0 and took < 60, (ra.returncode, rb.returncode, took)
-        assert f"lost contact with {b.addr}" in ra.stderr and f"lost contact with {a.addr}" in rb.stderr
-        for r in (ra, rb):
-            assert "Traceback" not in r.stderr, r.stderr[-3000:]
-        ra, rb = on_two_hosts(a, b, args)  # the link is back: started again, the job resumes
-        assert ra.returncode == 0 and rb.returncode == 0, ra.stderr[-3000:] + rb.stderr[-3000:]
-    steps = metric_steps(tmp_path / "cut")
-    assert sorted(set(steps)) == list(range(1, 11)), steps
+    print(f"cut link: both hosts out {took:.1f} s after the cut")
+    assert ra.returncode != 0 and rb.returncode != 0 and took < 60, (ra.returncode, rb.returncode, took)
+    assert f"lost contact with {b.addr}" in ra.stderr and f"lost contact with {a.addr}" in rb.stderr
+    for r in (ra, rb):
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    newest, ran = latest(tmp_path / "cut"), max(metric_steps(tmp_path / "cut"))
+    assert newest is not None and 4 <= int(newest.name.split("-")[1]) <= ran < 10, (newest, ran)
+    assert verify_checkpoint(newest)["problems"] == [], verify_checkpoint(newest)
 
 
 def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_text: Path) -> None:

@@ -84,7 +84,7 @@ def test_the_target_network_is_copied_every_n_updates_or_follows_by_polyak_avera
         follow(target, net, 0.25, every=4, step=step)  # every update, a quarter of the way
     for t, s0, n in zip(target.parameters(), start, net.parameters(), strict=True):
         torch.testing.assert_close(t, n + (s0 - n) * 0.75**2)
-    with pytest.raises(ConfigError, match="rl.tau must be in"):
+    with pytest.raises(ConfigError, match=r"rl\.tau must be in"):
         RLConfig(tau=0.0)
 
 
