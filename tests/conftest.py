@@ -32,6 +32,19 @@ def child_env() -> dict[str, str]:
     return launch.child_env(TESTS)
 
 
+@functools.cache
+def doc_outputs() -> Any:
+    """scripts/refresh_doc_outputs.py as a module: the docs' sample outputs and how one is checked."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("refresh_doc_outputs", ROOT / "scripts" / "refresh_doc_outputs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def metric_steps(run: Path) -> list[int]:
     """The steps of a run folder's metrics.jsonl records, in file order ([] before the first one)."""
     metrics = run / "metrics.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, child_env, disttrain
+from conftest import ROOT, child_env, disttrain, doc_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 README = (ROOT / "README.md").read_text()
@@ -59,6 +59,11 @@ def test_readme_default_job_with_few_steps(tmp_path: Path) -> None:
     assert summary["unigram_val_loss"] == pytest.approx(3.3, abs=0.2)
     assert summary["final_val_loss"] < 4.5
     assert len((run / "sample.txt").read_text()) == 40
+    # the README's sample of `make run`'s output holds for this shortened one (same lines, numbers aside)
+    refresh = doc_outputs()
+    sample = next(s for s in refresh.every_sample() if s.page.name == "README.md" and s.command[0] == "run")
+    shown = proc.stdout.replace(str(tmp_path), "runs")  # make run's default run root
+    assert refresh.stale_lines(sample.lines, shown) == [], (sample.id, shown[-2000:])
 
 
 def test_fsdp_job_from_toml_with_user_model_and_override(tmp_path: Path, small_text: Path) -> None:
