@@ -126,6 +126,24 @@ def _experience(n: int, seed: int) -> dict[str, object]:
     return {"actor": 2, "steps": n, "version": 0, "episodes": [(float(seed), 10)], "batch": batch}
 
 
+def test_the_learning_rate_decays_to_lr_final_and_the_target_network_follows_by_tau() -> None:
+    assert RLConfig().final_learning_rate_for(False) == RLConfig().learning_rate == 5e-4  # the default: constant
+    cfg = RLConfig(learning_starts=128, batch=32, lr_final=5e-5, tau=0.005)
+    lr = Learner(RLJobConfig(rl=cfg, train=RLTrainConfig(max_env_steps=800)), EnvSpec(4, 2))
+    for k in range(4):  # 400 of the 800 env steps
+        lr.receive(_experience(100, k))
+        lr.drain(0.0)
+        while lr.train_once():
+            pass
+    assert lr.c.updates > 0 and lr.opt.param_groups[0]["lr"] == pytest.approx(5e-4 + (5e-5 - 5e-4) * 0.5)
+    lr.receive(_experience(100, 9))
+    lr.drain(0.0)
+    before = [p.clone() for p in lr.target.parameters()]
+    assert lr.train_once()
+    for t, b, n in zip(lr.target.parameters(), before, lr.net.parameters(), strict=True):
+        torch.testing.assert_close(t, b + 0.005 * (n - b))  # after every update, 0.5% of the way
+
+
 def test_a_learner_checkpoint_brings_back_replay_counters_and_weights(tmp_path: Path) -> None:
     cfg = RLConfig(actors=3, learning_starts=128, batch=32, replay_capacity=500, prioritized=True)
     a = Learner(RLJobConfig(rl=cfg), EnvSpec(4, 2))

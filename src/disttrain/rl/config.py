@@ -47,6 +47,8 @@ class RLConfig:
     """Width of the MLP's two hidden layers (vector observations; frames get the Nature-DQN CNN)."""
     lr: float | None = None
     """Adam learning rate (default: 5e-4 for dqn, 1e-4 for dqn on frames (Atari), 1e-2 for reinforce)."""
+    lr_final: float | None = None
+    """dqn: the learning rate decays linearly from rl.lr to this over train.max_env_steps (default: none, constant)."""
     gamma: float = 0.99
     """Discount."""
     n_step: int = 3
@@ -114,6 +116,7 @@ class RLConfig:
         check(self.explore_steps >= 0, f"rl.explore_steps must be >= 0, got {self.explore_steps}")
         check(self.spare_actors >= 0, f"rl.spare_actors must be >= 0, got {self.spare_actors}")
         check(self.max_lag >= 0, f"rl.max_lag must be >= 0, got {self.max_lag}")
+        check(self.lr_final is None or self.lr_final >= 0, f"rl.lr_final must be >= 0, got {self.lr_final}")
         check(0 < self.tau <= 1, f"rl.tau must be in (0, 1], got {self.tau} (1: hard copies every rl.target_every)")
         check(self.rpc_timeout_s > 0, f"rl.rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
 
@@ -123,6 +126,10 @@ class RLConfig:
         if self.replay_ratio is not None:
             return self.replay_ratio
         return TUNED_REPLAY_RATIO.get(self.env_id, REPLAY_RATIO)
+
+    def final_learning_rate_for(self, image: bool) -> float:
+        """rl.lr_final, or the learning rate itself (constant)."""
+        return self.lr_final if self.lr_final is not None else self.learning_rate_for(image)
 
     @property
     def learning_rate(self) -> float:

@@ -170,7 +170,11 @@ class Learner:
                 self.c.env_steps, 1
             ):
                 return False
-            beta = cfg.beta + (1.0 - cfg.beta) * min(1.0, self.c.env_steps / self.train.max_env_steps)
+            progress = min(1.0, self.c.env_steps / self.train.max_env_steps)
+            beta = cfg.beta + (1.0 - cfg.beta) * progress
+            lr0, lr1 = cfg.learning_rate_for(self.spec.image), cfg.final_learning_rate_for(self.spec.image)
+            for group in self.opt.param_groups:
+                group["lr"] = lr0 + (lr1 - lr0) * progress
             b, idx, w = self.replay.sample(cfg.batch, beta)
             loss, td = updates.dqn_step(self.net, self.target, self.opt, b, w)
             self.replay.update_priorities(idx, td)  # one vectorised sum-tree update for the whole batch
