@@ -220,9 +220,11 @@ def _group_bandwidth(group: Any, ranks: list[int], nbytes: int, device: torch.de
     return nbytes / statistics.median(times) / 1e9
 
 
-RPC_BYTES = (64 * 2**10, 2**20)
+RPC_BYTES = (64 * 2**10, 256 * 2**10, 2**20)
 """Payloads of the RPC test (after a small call's round trip): a link slower than ~10 Mbit/s stops at the first,
-which already takes 50 ms there."""
+which already takes 50 ms there, one slower than ~40 Mbit/s at the second. A megabyte sent at once over a slow
+link overflows a shaping queue (tc's, a switch's) and the losses halve its rate at random, which a parameter
+server's messages of tens of kilobytes never see: at 20 Mbit/s the rate read from it varied 1.9-2.4 MB/s."""
 
 
 def _rpc_figures(rank: int, world: int) -> list[dict[str, Any]] | None:
@@ -256,7 +258,7 @@ def _rpc_figures(rank: int, world: int) -> list[dict[str, Any]] | None:
 
 
 def _rpc_link(rpc: Any, peer: str) -> dict[str, Any]:
-    """The link to ``peer``: a small call's round trip (median of 20), and per payload size the fastest of 3
+    """The link to ``peer``: a small call's round trip (median of 20), and per payload size the fastest of 5
     calls back to back (a link's rate is what it reaches once TCP's window is open, as a job's steady stream
     of messages keeps it)."""
 
@@ -272,7 +274,7 @@ def _rpc_link(rpc: Any, peer: str) -> dict[str, Any]:
     ping = timed(("ab",), 20, statistics.median)
     points = []
     for nbytes in RPC_BYTES:
-        took = timed((torch.ones(nbytes // 4),), 3, min)
+        took = timed((torch.ones(nbytes // 4),), 5, min)
         points.append((nbytes, took))
         if took > 0.05:  # a slow link: this point alone fixes its rate
             break
