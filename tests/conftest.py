@@ -45,6 +45,11 @@ def doc_outputs() -> Any:
     return module
 
 
+def is_quick_start(sample: Any) -> bool:
+    """The README's ``make run`` sample output (tests/cli/test_jobs.py checks it against the ``make run`` it runs)."""
+    return bool(sample.page.name == "README.md" and sample.command[0] == "run")
+
+
 def metric_steps(run: Path) -> list[int]:
     """The steps of a run folder's metrics.jsonl records, in file order ([] before the first one)."""
     metrics = run / "metrics.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, child_env, disttrain, doc_outputs
+from conftest import ROOT, child_env, disttrain, doc_outputs, is_quick_start
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 README = (ROOT / "README.md").read_text()
@@ -61,7 +61,7 @@ def test_readme_default_job_with_few_steps(tmp_path: Path) -> None:
     assert len((run / "sample.txt").read_text()) == 40
     # the README's sample of `make run`'s output holds for this shortened one (same lines, numbers aside)
     refresh = doc_outputs()
-    sample = next(s for s in refresh.every_sample() if s.page.name == "README.md" and s.command[0] == "run")
+    sample = next(s for s in refresh.every_sample() if is_quick_start(s))
     shown = proc.stdout.replace(str(tmp_path), "runs")  # make run's default run root
     assert refresh.stale_lines(sample.lines, shown) == [], (sample.id, shown[-2000:])
 

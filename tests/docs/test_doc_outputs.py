@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, doc_outputs
+from conftest import ROOT, doc_outputs, is_quick_start
 
 refresh = doc_outputs()
 SAMPLES = refresh.every_sample()
@@ -45,12 +45,6 @@ def test_a_sample_holds_up_to_numbers_and_fails_on_words() -> None:
     assert refresh.refreshed(lines, output, keep_figures=False)[1] == "run folder: runs/2026-ddp"
 
 
-def quick_start(sample: Any) -> bool:
-    """The README's ``make run`` sample: tests/cli/test_jobs.py checks it against the shortened ``make run`` it
-    runs anyway (one default job less here)."""
-    return bool(sample.page.name == "README.md" and sample.command[0] == "run")
-
-
 @pytest.mark.timeout(30)
 def test_the_pages_have_their_samples() -> None:
     """The README's quick start and the planning page's recommendations are checked (a marker lost in an edit would
@@ -65,7 +59,7 @@ def test_the_pages_have_their_samples() -> None:
     [
         pytest.param(s, marks=[pytest.mark.slow] if s.command[0] == "run" else [], id=s.id)
         for s in SAMPLES
-        if not quick_start(s)
+        if not is_quick_start(s)  # tests/cli/test_jobs.py checks it against the make run it runs anyway
     ],
 )
 def test_a_sample_output_is_the_real_output(sample: Any) -> None:

@@ -54,6 +54,7 @@ class Learner:
         self.acting = copy.deepcopy(self.net).requires_grad_(False)
         # fused: one kernel for all parameters (on CPU the per-tensor loop was ~0.4 of ~2 ms per MLP update)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate_for(spec.image), fused=True)
+        self.lr_range = (cfg.learning_rate_for(spec.image), cfg.final_learning_rate_for(spec.image))  # dqn: start, end
         self.replay = ReplayBuffer(
             cfg.capacity_for(spec.image),
             spec.obs_shape,
@@ -172,9 +173,10 @@ class Learner:
                 return False
             progress = min(1.0, self.c.env_steps / self.train.max_env_steps)
             beta = cfg.beta + (1.0 - cfg.beta) * progress
-            lr0, lr1 = cfg.learning_rate_for(self.spec.image), cfg.final_learning_rate_for(self.spec.image)
-            for group in self.opt.param_groups:
-                group["lr"] = lr0 + (lr1 - lr0) * progress
+            lr0, lr1 = self.lr_range
+            if lr1 != lr0:  # rl.lr_final: a linear decay over the run
+                for group in self.opt.param_groups:
+                    group["lr"] = lr0 + (lr1 - lr0) * progress
             b, idx, w = self.replay.sample(cfg.batch, beta)
             loss, td = updates.dqn_step(self.net, self.target, self.opt, b, w)
             self.replay.update_priorities(idx, td)  # one vectorised sum-tree update for the whole batch
