@@ -2,11 +2,13 @@
 guards (NaN/Inf and loss spikes), collective timeouts, debug presets and the run folder's event log.
 
 The training thread only marks where it is (``health.phase("forward")``, ``health.step_done(step, dt)``):
-attribute writes, no I/O, no collective. A background thread per rank publishes (step, phase, seconds in
-that phase, straggler figures) every ``health.heartbeat_s`` to the c10d store the process group already
-uses (its own client connection), and mirrors it to ``<run>/health/attempt<k>-rank<r>.json``, which the
-launcher's watch reads (:mod:`disttrain.launch.frozen_watch`: it names a rank whose whole process stopped, rank 0
-included, and leaves its verdict in ``<run>/health/verdict-attempt<k>.json``).
+attribute writes, no I/O, except one tiny all-gather of the straggler window's figures every
+``health.straggler_interval`` steps (:mod:`disttrain.health.stragglers`: every rank judges the same figures,
+whatever the threads' scheduling). A background thread per rank publishes (step, phase, seconds in that
+phase) every ``health.heartbeat_s`` to the c10d store the process group already uses (its own client
+connection), and mirrors it to ``<run>/health/attempt<k>-rank<r>.json``, which the launcher's watch reads
+(:mod:`disttrain.launch.frozen_watch`: it names a rank whose whole process stopped, rank 0 included, and
+leaves its verdict in ``<run>/health/verdict-attempt<k>.json``).
 Rank 0's thread is also the watchdog: a rank whose (step, phase) has not moved for the hang timeout is
 named with its phase, a verdict goes into the store, every rank dumps the Python stacks of all its threads
 (faulthandler) into ``<run>/health/stacks/``, and the job exits non-zero (``HANG_EXIT_CODE``) so that
@@ -37,6 +39,7 @@ import torch.distributed as dist
 from disttrain.config import HealthConfig
 from disttrain.health.events import attempt, health_dir, log_event, record_exit, write_elastic_error, write_state
 from disttrain.health.heartbeat import STALE_BEATS, Heartbeat, launcher_verdict, silent_ranks
+from disttrain.health.stragglers import CollectiveExchange, Exchange, StoreExchange, StragglerCheck, open_store
 
 log = logging.getLogger("disttrain")
 
@@ -65,30 +68,26 @@ def set_collective_timeout(seconds: float) -> None:
 
 
 # -- heartbeats and the watchdog ----------------------------------------------------------------------------
-def _open_store(rank: int) -> Any:
-    """A client of the c10d store the process group rendezvoused on (own socket: heartbeats never wait on
-    the training thread's store calls); an in-process store when there is no group."""
-    if not dist.is_initialized() or "MASTER_ADDR" not in os.environ:
-        return dist.HashStore()
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=30),
-        wait_for_workers=False,
-    )
-    return dist.PrefixStore(f"disttrain/health/a{attempt()}", store)
-
-
-STRAGGLER_MIN_SHARE = 0.05
-"""A straggler's excess time per step must be at least this share of the other ranks' median step."""
+def _exchange(lockstep: bool, rank: int, world: int, gone: set[int]) -> Exchange | None:
+    """How this job's ranks bring a straggler window together (None: one rank, nothing to compare)."""
+    if world < 2:
+        return None
+    return CollectiveExchange() if lockstep else StoreExchange(rank, world, gone)
 
 
 class HealthMonitor:
-    """Per-rank heartbeats; on rank 0 also the hang watchdog and the straggler comparison."""
+    """Per-rank heartbeats and the straggler check (:mod:`disttrain.health.stragglers`); on rank 0 also the
+    hang watchdog. ``lockstep``: the ranks step together (the trainer), so a window's figures are all-gathered at its
+    last step; else (the parameter server's trainers) they meet in the store."""
 
     def __init__(
-        self, cfg: HealthConfig, rank: int, world_size: int, run_dir: Path | None, step_timeout_s: float
+        self,
+        cfg: HealthConfig,
+        rank: int,
+        world_size: int,
+        run_dir: Path | None,
+        step_timeout_s: float,
+        lockstep: bool = True,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
@@ -99,23 +98,35 @@ class HealthMonitor:
         self._state: tuple[int, str, float] = (0, "init", now)  # (step, phase, since): one atomic write
         self._data_s = 0.0
         self._cpu0 = time.thread_time()
-        self._win: list[tuple[float, float]] = []
-        self._published: dict[int, dict[str, float]] = {}
         self.step_times: collections.deque[float] = collections.deque(maxlen=50)
-        self.stragglers: list[int] = []
-        self.rank_figures: dict[str, list[float]] = {}
+        self.left: set[int] = set()  # ranks gone for good while the others go on (an asp trainer)
+        self.straggler = StragglerCheck(
+            cfg.straggler_interval if cfg.enabled and world_size > 1 else 0,
+            cfg.straggler_factor,
+            _exchange(lockstep, rank, world_size, self.left),
+            rank,
+            run_dir,
+        )
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._store: Any = None
         self._backstop: IO[str] | None = None
         self._armed_at = 0.0
         self._seen: dict[int, tuple[Any, float]] = {}  # rank -> (last heartbeat, when rank 0 received it)
-        self._judged_win = 0
         self.verdict: dict[str, Any] | None = None
         self._verdict_once = threading.Lock()
         self._file_beat: Heartbeat | None = None
         self._deferred_since: float | None = None
-        self.left: set[int] = set()  # ranks gone for good while the others go on (an asp trainer)
+
+    @property
+    def stragglers(self) -> list[int]:
+        """The ranks named stragglers in the last window judged (every rank holds it after an all-gather)."""
+        return self.straggler.stragglers
+
+    @property
+    def rank_figures(self) -> dict[str, list[float]]:
+        """That window's figures by phase, one per rank (compute_s, data_s)."""
+        return self.straggler.rank_figures
 
     # ---- training-thread hooks (cheap) ----
     def phase(self, name: str) -> None:
@@ -126,19 +137,14 @@ class HealthMonitor:
         self._state = (step, name, now)
 
     def step_done(self, step: int, seconds: float) -> None:
-        """A step finished: progress for the watchdog, figures for the straggler check."""
-        now = time.perf_counter()
+        """A step finished: progress for the watchdog, figures for the straggler check (at a window's last
+        step, its exchange: every rank calls this at the same steps)."""
+        now, cpu = time.perf_counter(), time.thread_time()
         self.step_times.append(seconds)
-        cpu = time.thread_time()
-        self._win.append((self._data_s, cpu - self._cpu0))
+        compute_s, data_s = cpu - self._cpu0, self._data_s
         self._cpu0, self._data_s = cpu, 0.0
-        n = self.cfg.straggler_interval
-        if n and step % n == 0 and self._win:
-            data = statistics.median(d for d, _ in self._win)
-            comp = statistics.median(c for _, c in self._win)
-            self._published = {**dict(list(self._published.items())[-3:]), step: {"data_s": data, "compute_s": comp}}
-            self._win = []
         self._state = (step, "log", now)
+        self.straggler.add(step, compute_s, data_s)
         if self._backstop is not None and now - self._armed_at > self.timeout() / 2:
             self._arm_backstop()
 
@@ -158,7 +164,7 @@ class HealthMonitor:
     def start(self) -> None:
         if not self.cfg.enabled or self._thread is not None:
             return
-        self._store = _open_store(self.rank)
+        self._store = open_store()
         if self.run_dir is not None:
             stacks = health_dir(self.run_dir) / "stacks"
             stacks.mkdir(exist_ok=True)
@@ -230,7 +236,6 @@ class HealthMonitor:
             "phase": phase,
             "in_phase_s": time.perf_counter() - since,
             "time": time.time(),
-            "stats": self._published,
             # for the launcher's watch (disttrain.launch.frozen_watch): which process, on which node, and how
             # long it may go without progress in this phase
             "pid": os.getpid(),
@@ -271,7 +276,6 @@ class HealthMonitor:
             beats[r] = hb
             # seconds since this rank last moved, by its own clock, plus how stale its heartbeat is by ours
             idle[r] = hb["in_phase_s"] + (now - self._seen[r][1])
-        self._check_stragglers(beats)
         # The culprit is the rank furthest behind: the others wait for it in a collective, and their idle
         # time (estimated to within a heartbeat) can pass the timeout a moment before its own does.
         live = [r for r, hb in beats.items() if hb["phase"] != "done"]
@@ -371,32 +375,3 @@ class HealthMonitor:
         """The ranks of this attempt that the launcher's watch named frozen (and ended)."""
         verdict = launcher_verdict(self.run_dir) if self.run_dir is not None else None
         return {int(s["rank"]) for s in verdict["stuck"]} if verdict else set()
-
-    def _check_stragglers(self, beats: dict[int, dict[str, Any]]) -> None:
-        """Compare the newest window every rank has published; name ranks slower than the others' median."""
-        if self.world < 2 or not self.cfg.straggler_interval:
-            return
-        common = set.intersection(*(set(map(int, b["stats"])) for b in beats.values()))
-        wins = [w for w in common if w > self._judged_win]
-        if not wins:
-            return
-        win = max(wins)
-        self._judged_win = win
-        slow: dict[int, str] = {}
-        stats = {r: b["stats"][str(win)] for r, b in beats.items()}
-        steps = {r: st["compute_s"] + st["data_s"] for r, st in stats.items()}
-        for key in ("compute_s", "data_s"):
-            vals = {r: st[key] for r, st in stats.items()}
-            self.rank_figures[key] = [vals[r] for r in sorted(vals)]
-            for r, v in vals.items():
-                ref = statistics.median(x for q, x in vals.items() if q != r)
-                # a rank slows the job only by an excess that is a visible share of the others' step: a data
-                # wait of 1.6x 0.1 ms (a busy machine preempting the rank once) is no straggler
-                floor = max(1e-3, STRAGGLER_MIN_SHARE * statistics.median(x for q, x in steps.items() if q != r))
-                if v > self.cfg.straggler_factor * ref and v - ref > floor:
-                    slow[r] = f"{key[:-2]} {v * 1e3:.1f} ms/step vs {ref * 1e3:.1f} ms ({v / max(ref, 1e-9):.1f}x)"
-        self.stragglers = sorted(slow)
-        for r, why in slow.items():
-            n = self.cfg.straggler_interval
-            log.warning("straggler: rank %d over steps %d-%d: %s", r, win - n + 1, win, why)
-            log_event(self.run_dir, "straggler", rank=r, steps=[win - n + 1, win], detail=why)

@@ -145,7 +145,8 @@ def train(cfg: PSJobConfig, rank: int, servers: list[str], run_dir: Path) -> lis
     """Trainer ``rank``'s part: tables (rank 0), resume, the loop under heartbeats, the summary (rank 0); the
     processes that hold the shards at the end (a spare may hold a dead server's)."""
     group = trainers_group(rank, cfg.ps.trainers)
-    health = HealthMonitor(cfg.health, rank, cfg.ps.trainers, run_dir, cfg.ps.rpc_timeout_s)
+    # ssp/asp trainers do not step together, and a server's loss rolls bsp trainers back: windows meet in the store
+    health = HealthMonitor(cfg.health, rank, cfg.ps.trainers, run_dir, cfg.ps.rpc_timeout_s, lockstep=False)
     health.start()
     try:
         trainer = PSTrainer(cfg, rank, servers, group, run_dir, health)
