@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-quick lint bench clean
 
 # What the default job needs: the venv, torch (CPU build pinned for machines without GPUs, unless a torch is
 # already in the venv), then the project itself, editable.
@@ -36,8 +36,15 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff format --check src tests benchmarks examples scripts
 	$(BIN)/mypy
 
+# The whole suite (what CI runs), then seconds per test file, slowest first: a slower suite shows which file grew.
+RESULTS := .test-results.xml
 test: lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --junitxml=$(RESULTS) $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/python scripts/test_tables.py files $(RESULTS) --top 25; exit $$status
+
+# The inner loop: unit and single-process tests, no lint (a few minutes); `make test` stays the full suite.
+test-quick: $(TEST_STAMP)
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 # The benchmarks are a package: each runs as a module from the repository root.
 bench: $(TEST_STAMP)

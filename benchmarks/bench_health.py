@@ -9,6 +9,8 @@ steps interleaved round by round (the order rotates), so the machine's noise hit
 * ``on``: the default (a heartbeat every 2 s to the c10d store, rank 0 watching every rank);
 * ``on-0.1s``: heartbeats every 0.1 s (20x the default rate).
 
+(Every variant with health on all-gathers the straggler window's figures every ``straggler_interval`` steps.)
+
 A fresh HealthMonitor is started before each ``on`` block and closed after it, outside the timed part.
 The figure is the median over rounds of the paired ratio t(variant) / t(none). Goal: on / none < 1.01.
 
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from benchmarks import _common as C
+from disttrain.config import HealthConfig
 from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
 
 GOAL = 1.01
@@ -83,6 +86,7 @@ def direct_costs(cfg: Any, rank: int, world: int, calls: int = 200) -> dict[str,
     import dataclasses
 
     from disttrain.health import HealthMonitor
+    from disttrain.health.stragglers import CollectiveExchange
     from disttrain.utils import hooks
 
     # a period of an hour: the thread sleeps, and the calls below are what it would run each period
@@ -100,6 +104,8 @@ def direct_costs(cfg: Any, rank: int, world: int, calls: int = 200) -> dict[str,
         out[f"{key}_cpu_s"] = (time.thread_time() - c0) / n
 
     timed("beat", mon._beat)
+    # the straggler window's all-gather, on the training thread once every health.straggler_interval steps
+    timed("exchange", lambda: CollectiveExchange()(cfg.straggler_interval, (0.1, 0.0)))
     timed("verdict_check", lambda: mon._store.check(["verdict"]))
     if rank == 0:
         timed("watch", mon._watch)
@@ -220,7 +226,7 @@ def report_steps(times: dict[str, list[float]], args: argparse.Namespace) -> dic
     return results
 
 
-def direct_row(r: int, d: dict[str, float], step_s: float) -> list[Any]:
+def direct_row(r: int, d: dict[str, float], step_s: float, interval: int) -> list[Any]:
     """Rank ``r``'s direct costs (and, into ``d``, the cost of one heartbeat period)."""
     period_wall = d["beat_wall_s"] + d["verdict_check_wall_s"] + d.get("watch_wall_s", 0.0)
     period_cpu = d["beat_cpu_s"] + d["verdict_check_cpu_s"] + d.get("watch_cpu_s", 0.0)
@@ -236,6 +242,8 @@ def direct_row(r: int, d: dict[str, float], step_s: float) -> list[Any]:
         d["hooks_step100_wall_s"] * 1e6,
         d["hooks_step100000_wall_s"] * 1e6,
         f"{100 * d['hooks_step100000_wall_s'] / step_s:.4f}%",
+        d["exchange_wall_s"] * 1e3,
+        f"{100 * d['exchange_wall_s'] / (interval * step_s):.4f}%",
     ]
 
 
@@ -262,9 +270,12 @@ def main(argv: list[str]) -> None:
             "hooks us/step @100",
             "@100k",
             "hooks/step",
+            "exchange ms",
+            "exchange/step",
         ],
-        [direct_row(r, rank["direct"], step_s) for r, rank in enumerate(ranks)],
-        title="direct: cost of one heartbeat period (set + verdict check [+ watchdog pass]) and of the hooks",
+        [direct_row(r, rank["direct"], step_s, HealthConfig().straggler_interval) for r, rank in enumerate(ranks)],
+        title="direct: cost of one heartbeat period (set + verdict check [+ watchdog pass]), of the hooks and of the "
+        "straggler window's all-gather (once per straggler_interval steps)",
     )
     direct = {f"rank{r}": rank["direct"] for r, rank in enumerate(ranks)}
     C.write_results("bench_health", {"args": vars(args), "goal": GOAL, "results": results, "direct": direct})

@@ -131,6 +131,7 @@ def test_a_failing_background_save_is_reported_and_training_goes_on(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.timing
 def test_a_dead_background_save_process_is_replaced_at_the_next_save(tmp_path: Path, small_text: Path) -> None:
     # async_mode=process: rank 0's DCP save process is SIGKILLed just before the save at step 8. That save fails on
     # both ranks (rank 1's save process loses its peer); training goes on, and the save at step 12 starts new save

@@ -248,6 +248,7 @@ def save_checkpoints(folder: Path, steps: list[int]) -> None:
     mgr.close()
 
 
+@pytest.mark.slow
 def test_resume_from_a_step_that_does_not_exist_lists_the_steps_there_are(tmp_path: Path) -> None:
     from disttrain.checkpoint import CheckpointManager
     from disttrain.config import CheckpointConfig

@@ -63,6 +63,7 @@ def test_a_file_path_names_the_module_and_a_missing_one_is_one_line(here: Path) 
     assert_one_line_error(no_fn, "has no callable 'buidl'")
 
 
+@pytest.mark.slow
 def test_single_means_one_process(tmp_path: Path) -> None:
     """`--parallel.strategy single` alone failed with 'world size is 2' on a machine with 2 devices."""
     proc = disttrain("run", "--parallel.strategy", "single", "--print-config", cwd=tmp_path)

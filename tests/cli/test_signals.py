@@ -19,7 +19,7 @@ from disttrain.testing.tiny import tiny_cli_args
 
 from conftest import child_env, metric_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(300)]
 
 
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:

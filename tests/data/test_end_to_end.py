@@ -95,6 +95,7 @@ def test_jsonl_to_a_transformers_model_that_generates(prepared: Path, tmp_path: 
     assert isinstance(new, str) and new.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_hf_config_whose_special_ids_disagree_with_the_tokenizer_is_one_line(prepared: Path, tmp_path: Path) -> None:
     base = job(prepared, tmp_path, "x")

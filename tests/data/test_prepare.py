@@ -106,6 +106,7 @@ def test_a_killed_prepare_continues_where_it_stopped(prepared: Path, corpus: tup
     assert not list(work.glob("*.tmp"))
 
 
+@pytest.mark.timing
 def test_kill9_mid_prepare_then_rerun(tmp_path: Path) -> None:
     """A real SIGKILL while units are written; the re-run's files equal an uninterrupted run's."""
     src = write_jsonl(tmp_path / "big.jsonl", make_docs(12000, seed=1))

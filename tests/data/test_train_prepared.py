@@ -39,6 +39,7 @@ def test_kill9_resumes_bitwise_and_3_ranks_continue_the_position(folder: Path, t
     assert_resumes_exactly(folder, tmp_path, want)
 
 
+@pytest.mark.slow
 def test_another_tokenizer_or_a_small_embedding_is_one_line(folder: Path, tmp_path: Path) -> None:
     base = bytes_job(folder, tmp_path, "x")
     base = [a for a in base if a not in ("--data.tokenizer", "bytes")]

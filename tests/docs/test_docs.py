@@ -202,6 +202,7 @@ def test_every_command_in_the_docs_has_a_check() -> None:
     assert subcommands >= {"run", "estimate", "ckpt", "ps", "rl", "doctor", "report", "launch", "make"}, subcommands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.id)
 def test_docs_command_runs(cmd: DocCommand, request: pytest.FixtureRequest) -> None:
     how = mode_of(cmd)
@@ -215,6 +216,7 @@ def test_docs_command_runs(cmd: DocCommand, request: pytest.FixtureRequest) -> N
     assert result["rc"] == 0, f"{cmd.id}: `{shown}` ({how[0]}) exited {result['rc']}:\n{result['out']}"
 
 
+@pytest.mark.slow
 def test_the_checks_fail_on_a_mistake(request: pytest.FixtureRequest) -> None:
     """Each kind of check fails on a wrong option or value, as the real commands do (these ran beside the docs')."""
     results = request.getfixturevalue("results")

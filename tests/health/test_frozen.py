@@ -15,7 +15,7 @@ from disttrain.testing.tiny import tiny_cli_args
 
 from conftest import disttrain, losses_by_step
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(240)]
 
 TIMEOUT_S = 3.0
 

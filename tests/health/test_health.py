@@ -20,8 +20,8 @@ from disttrain.config import HealthConfig
 from disttrain.errors import ConfigError, HealthError
 from disttrain.health import HealthMonitor, StepGuard
 from disttrain.health import monitor as health
-from disttrain.health.stragglers import StoreExchange, StragglerCheck, judge
 from disttrain.health.signals import PREEMPT, STOPPING, install_stop_signals
+from disttrain.health.stragglers import StoreExchange, StragglerCheck, judge
 from disttrain.jobs import doctor
 from disttrain.launch.debug_env import debug_env
 from disttrain.testing import faults
@@ -46,21 +46,28 @@ def events(run: Path) -> list[dict[str, Any]]:
 
 # -- hangs ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_hung_rank_is_named_its_stacks_dumped_and_the_job_exits(tmp_path: Path, small_text: Path) -> None:
-    t0 = time.perf_counter()
+    timeout_s, heartbeat_s = 3.0, 0.25
     proc = disttrain(
-        *tiny_run(small_text, tmp_path, "h", 6, "--health.hang-timeout-s", "3", "--checkpoint.interval", "0"),
+        *tiny_run(
+            small_text, tmp_path, "h", 6, "--health.hang-timeout-s", str(timeout_s), "--checkpoint.interval", "0"
+        ),
         env={"DISTTRAIN_FAULT": "hang:3:1"},  # rank 1 sleeps in the forward of step 3
-        timeout=120,
+        timeout=120,  # never an endless hang
     )
-    took = time.perf_counter() - t0
     assert proc.returncode != 0
-    assert took < 90, f"the watchdog took {took:.0f}s"  # ~3 s of hang + start-up; never an endless hang
     msg = "hang: rank 1 made no progress for"
     assert msg in proc.stderr and "in phase 'forward' of step 3" in proc.stderr, proc.stderr[-3000:]
     (hang,) = [e for e in events(tmp_path / "h") if e["event"] == "hang"]
     assert hang["stuck"] == [{"rank": 1, "step": 3, "phase": "forward", "idle_s": hang["stuck"][0]["idle_s"]}]
-    assert 3.0 <= hang["stuck"][0]["idle_s"] < 10 and hang["waiting"] == [0]
+    # the watchdog looks every heartbeat at beats up to a heartbeat old: named within the timeout and a few
+    # heartbeats of the job's own last step (whatever the start-up took on this machine)
+    records = [json.loads(x) for x in (tmp_path / "h" / "metrics.jsonl").read_text().splitlines()]
+    (step2,) = [r for r in records if r["step"] == 2]
+    late = timeout_s + 4 * heartbeat_s + 2 * step2["step_time_s"] + 1.0
+    assert timeout_s <= hang["stuck"][0]["idle_s"] < late and hang["waiting"] == [0], hang
+    assert hang["time"] - step2["time"] < late, (hang["time"] - step2["time"], late)
     stacks = tmp_path / "h" / "health" / "stacks"
     rank1 = (stacks / "attempt0-rank1.txt").read_text()
     assert "in sleep_forever" in rank1 and "in train_step" in rank1 and "in fit" in rank1  # the sleeping frame
@@ -70,6 +77,7 @@ def test_a_hung_rank_is_named_its_stacks_dumped_and_the_job_exits(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_hang_on_the_first_attempt_restarts_and_resumes(tmp_path: Path, small_text: Path) -> None:
     extra = ["--health.hang-timeout-s", "3", "--checkpoint.interval", "4", "--max-restarts", "1"]
     proc = disttrain(*tiny_run(small_text, tmp_path, "r", 8, *extra), env={"DISTTRAIN_FAULT": "hang:6:1"})
@@ -155,14 +163,15 @@ def test_the_spike_guard_compares_with_a_rolling_median() -> None:
     assert StepGuard(HealthConfig(spike_rtol=0)).check(1e9, 1.0) is None  # off
 
 
+@pytest.mark.timing
 def test_the_fault_hook_costs_the_same_at_any_step(inject: Callable[[str], faults.Injector]) -> None:
     """The loss hook runs every step: it once tried slow:<k>:<r> for every k <= step (35 ms per step at step
     10,000); the slow fault holds from its step on, on its own rank."""
     injector = inject("slow:7:1,nan:3:0")
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # this thread's CPU: what the hook costs, whatever else the machine runs
     for step in range(10**9, 10**9 + 100):
         assert hooks.apply("loss", 1.0, step, 0) == 1.0
-    assert time.perf_counter() - t0 < 0.1
+    assert time.thread_time() - t0 < 0.1
     assert injector.slow.burned == 0  # rank 1's fault
     injector = inject("slow:7:0")
     injector.slow.mark = time.thread_time() - 0.005  # the step before took 5 ms of CPU
@@ -206,6 +215,7 @@ def test_the_hang_verdict_names_the_rank_behind_not_the_one_waiting_for_it(
     assert state["exit"] == "hang: rank 1" and state["phase"] == "forward"
 
 
+@pytest.mark.timing
 def test_no_rank_waits_for_the_stacks_of_a_rank_the_launcher_named_frozen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,7 +231,8 @@ def test_no_rank_waits_for_the_stacks_of_a_rank_the_launcher_named_frozen(
     (tmp_path / "health" / "verdict-attempt0.json").write_text(json.dumps(verdict))
     t0 = time.perf_counter()
     mon._wait_for_dumps()
-    assert time.perf_counter() - t0 < 2.0  # 0.5 s: rank 0 hosts the store, it leaves last
+    waiting_for_rank_2 = 3 * mon.cfg.heartbeat_s + 5  # the bound on the wait for a rank that never dumps
+    assert time.perf_counter() - t0 < waiting_for_rank_2 / 2  # 0.5 s: rank 0 hosts the store, it leaves last
     assert mon._named_frozen() == {2}
     (tmp_path / "health" / "verdict-attempt0.json").unlink()
     assert mon._named_frozen() == set()
@@ -399,6 +410,7 @@ def test_anomaly_preset_turns_on_autograd_anomaly_detection(make_trainer: Callab
         torch.autograd.set_detect_anomaly(False)
 
 
+@pytest.mark.timing
 def test_sigterm_and_sigusr1_ask_for_a_graceful_stop_and_ctrl_c_interrupts() -> None:
     # SIGTERM / SIGUSR1 (preemption) only note the request: the loop finishes the step and saves; the first
     # signal counts (Slurm and torchrun both deliver it); Ctrl-C interrupts at once

@@ -222,6 +222,7 @@ def test_in_a_pod_ps_and_rl_take_their_node_from_the_operator(
     assert "disttrain: in a PyTorchJob pod: node rank 2 of 3 pod(s)" in capsys.readouterr().out
 
 
+@pytest.mark.timing
 def test_a_stopped_pods_rpc_launcher_stops_its_workers_at_once(tmp_path: Path) -> None:
     """The kubelet's SIGTERM to the container's first process, the ps / rl launcher (`run_watched`): its workers
     get SIGTERM, it exits 143 with one line, within seconds instead of the grace period."""

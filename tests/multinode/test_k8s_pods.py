@@ -30,7 +30,7 @@ from disttrain.testing.tiny import tiny_cli_args
 
 from conftest import disttrain, metric_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(240)]
 if (reason := why_not()) is not None:
     pytestmark.append(pytest.mark.skip(reason=reason))
 

@@ -98,6 +98,7 @@ def test_launch_slurm_writes_a_script_for_a_users_program(tmp_path: Path) -> Non
     assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == ["2 0", "2 0"]
 
 
+@pytest.mark.timing
 def test_the_time_limit_warning_saves_requeues_and_the_requeued_job_goes_on(tmp_path: Path, small_text: Path) -> None:
     """Slurm's SIGUSR1 (--signal=USR1@90) to every process of the step: both nodes save the same step, node 0
     asks for a requeue; the requeued script (the same one, run again) resumes from that step."""

@@ -87,6 +87,7 @@ def disttrain_cmd(args: list[str]) -> list[str]:
     return [str(DISTTRAIN), *args]
 
 
+@pytest.mark.timing
 def test_a_host_that_dies_stops_the_other_with_one_line_and_both_resume_bitwise(
     tmp_path: Path, small_text: Path
 ) -> None:
@@ -124,6 +125,7 @@ def test_a_host_that_dies_stops_the_other_with_one_line_and_both_resume_bitwise(
     assert max(again) <= lost_at, (again, lost_at)  # only the steps after the newest checkpoint ran twice
 
 
+@pytest.mark.timing
 def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_leaves_an_intact_checkpoint(
     tmp_path: Path, small_text: Path
 ) -> None:
@@ -152,6 +154,7 @@ def test_a_cut_link_ends_the_step_on_both_hosts_with_one_line_and_leaves_an_inta
     assert verify_checkpoint(newest)["problems"] == [], verify_checkpoint(newest)
 
 
+@pytest.mark.timing
 def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_text: Path) -> None:
     run = tmp_path / "el"
     args = job(

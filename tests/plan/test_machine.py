@@ -163,6 +163,7 @@ def test_a_broken_cache_is_ignored_with_one_warning(
     assert load_machine("node0") is not None
 
 
+@pytest.mark.timing
 def test_a_slow_dtype_is_measured_quickly_and_the_best_peak_is_kept() -> None:
     import time
 

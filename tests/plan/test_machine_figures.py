@@ -107,6 +107,7 @@ def test_measured_activations_are_named_for_what_they_compare() -> None:
     assert json.dumps(data)
 
 
+@pytest.mark.slow
 def test_estimate_measures_a_machine_with_no_figures_once_and_run_predicts_the_same_step(
     tmp_path: Path, small_text: Path
 ) -> None:

@@ -105,15 +105,16 @@ def test_activation_checkpointing_keeps_only_block_inputs() -> None:
     assert full == prof.act_other + 4 * block_in + max(prof.act_by_block) + 2 * prof.largest_act
 
 
+@pytest.mark.timing
 def test_seventy_billion_parameter_config_estimates_in_seconds() -> None:
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds of this process: a busy machine does not count against it
     cfg = GPTConfig(vocab_size=32000, n_layers=80, d_model=8192, n_heads=64, context=4096)
     with torch.device("meta"):
         model = GPT(cfg)
     sample = (torch.zeros(4096, dtype=torch.long), torch.zeros(4096, dtype=torch.long))
     prof = profile_model(model, sample, micro_batch=1, loss_fn=cross_entropy, compute_dtype="bf16")
     est = estimate(prof, from_dict({"precision": {"dtype": "bf16"}}), Layout(8, 8, 80 * GiB))
-    assert time.perf_counter() - t0 < 60
+    assert time.process_time() - t0 < 60
     n = prof.n_params
     assert 60e9 < n < 80e9
     # DDP holds 16 bytes per parameter (fp32 params + grads + 2 Adam moments): it cannot fit 80 GiB
@@ -179,6 +180,7 @@ def test_hsdp_degrees() -> None:
         ParallelDims("ddp", 4, shard=2)
 
 
+@pytest.mark.slow
 def test_estimate_cli_json_and_reason() -> None:
     nodes_8x2 = ("--parallel.nproc", "8", "--launch.nnodes", "2", "--parallel.device-memory", "80GiB")
     p = disttrain("estimate", *nodes_8x2, "--json", timeout=120)
@@ -249,6 +251,7 @@ def test_flash_attention_activations_grow_linearly_with_the_context() -> None:
     assert math_[128][0] - flash[128][0] >= 2 * 4 * 128 * 128 * 2
 
 
+@pytest.mark.slow
 def test_estimate_for_cuda_accounts_flash_attention() -> None:
     big = ("--model.context", "1024", "--train.micro-batch", "1", "--train.global-batch", "8", "--json")
     common = (

@@ -16,6 +16,7 @@ CLUSTER = ["--parallel.nproc", "8", "--launch.nnodes", "4", "--parallel.device-m
 CLUSTER += ["--parallel.device", "cuda", "--model.n-layers", "80", "--model.d-model", "8192", "--model.n-heads", "64"]
 
 
+@pytest.mark.slow
 def test_a_gpu_cluster_is_planned_in_bf16_from_a_cpu_machine() -> None:
     # forced: the plan stays at tp 1 (auto moves to tensor parallelism here: the test below)
     forced = ["--parallel.strategy", "fsdp"]
@@ -34,6 +35,7 @@ def test_a_gpu_cluster_is_planned_in_bf16_from_a_cpu_machine() -> None:
     assert "run with --parallel.tp 8" in out["recommendation"]["reason"]
 
 
+@pytest.mark.slow
 def test_auto_moves_to_tensor_parallelism_where_nothing_fits_without() -> None:
     out = json.loads(disttrain("estimate", *CLUSTER, "--json").stdout)
     assert out["layout"]["tp"] == 8 and [o["tp"] for o in out["tp_options"]] == [1, 2, 4, 8]
@@ -41,6 +43,7 @@ def test_auto_moves_to_tensor_parallelism_where_nothing_fits_without() -> None:
     assert out["strategies"][out["recommendation"]["strategy"]]["fits"]
 
 
+@pytest.mark.slow
 def test_explain_does_not_call_a_grouping_that_does_not_fit_one_that_fits() -> None:
     proc = disttrain("estimate", *CLUSTER, "--parallel.strategy", "fsdp", "--explain")
     assert proc.returncode == 0, proc.stderr

@@ -225,6 +225,7 @@ def test_forced_settings_are_kept() -> None:
         from_dict({"parallel": {"blocks_per_unit": 0}})
 
 
+@pytest.mark.slow
 def test_estimate_cli_explains_and_takes_a_bandwidth(tmp_path) -> None:
     small = ("--model.n-layers", "12", "--model.d-model", "64", "--model.n-heads", "4", "--model.context", "32")
     p = disttrain("estimate", *small, "--explain", "--bandwidth", "2GB/s", "--precision.dtype", "fp32", timeout=120)

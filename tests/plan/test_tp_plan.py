@@ -156,6 +156,7 @@ def test_step_time_adds_tp_traffic() -> None:
     assert est.choice == "single" and "tensor parallelism alone (tp 2)" in est.reason
 
 
+@pytest.mark.slow
 def test_estimate_cli_prints_the_tp_columns() -> None:
     p = disttrain("estimate", "--parallel.nproc", "4", "--parallel.tp", "2", "--parallel.device", "cpu", timeout=120)
     assert p.returncode == 0, p.stderr
@@ -203,6 +204,7 @@ def test_tp_pick_says_when_tp_helps_and_why() -> None:
     assert tp_pick(opts, fits=True, inter_s=2.0, compute_s=1.0, step_s=1.5) == (None, "")  # TP would be slower
 
 
+@pytest.mark.slow
 def test_estimate_names_a_tp_layout_when_nothing_else_fits() -> None:
     args = ("estimate", "--parallel.nproc", "4", "--parallel.device", "cpu", "--parallel.device-memory", "250MiB")
     p = disttrain(*args, "--explain", timeout=120)

@@ -138,6 +138,7 @@ def test_bsp_over_two_trainers_equals_one_trainer_on_the_combined_batch(
     assert [r["loss"] for r in colocated] == [r["loss"] for r in bsp]  # bit for bit: the same sums in the same order
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_tiny_ps_run_leaves_no_empty_folders(tmp_path: Path) -> None:
     """torchrun made a log folder per rank that nothing was written to, and the health monitor a stacks folder
@@ -147,6 +148,7 @@ def test_a_tiny_ps_run_leaves_no_empty_folders(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.timing
 def test_ssp_keeps_its_bound_with_a_slow_trainer_and_asp_never_waits(tmp_path: Path) -> None:
     slow = {"DISTTRAIN_FAULT": "ps_slow:0:1"}  # trainer 1 sleeps 50 ms per step
     two = [*TWO, "--train.steps", "16"]
@@ -276,6 +278,7 @@ def test_the_default_job_learns_the_click_model(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.timing
 def test_a_wedged_server_is_caught_by_the_trainers_hang_watchdog(tmp_path: Path) -> None:
     """server1 (rank 3) stops answering in step 3's push: the trainers' heartbeats stop moving in phase
     'optimizer' (the step's message), the watchdog names them, every trainer dumps its stacks and the job
@@ -294,6 +297,7 @@ def test_a_wedged_server_is_caught_by_the_trainers_hang_watchdog(tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.timing
 def test_a_frozen_server_is_named_by_the_launcher_and_the_job_resumes_exactly(
     tmp_path: Path, bsp_2x2: tuple[list[dict[str, Any]], dict[str, Any]]
 ) -> None:

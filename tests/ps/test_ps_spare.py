@@ -97,6 +97,7 @@ def test_spares_need_checkpoints_bsp_and_servers_of_their_own(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.timing
 def test_an_asp_trainer_killed_mid_run_leaves_the_others_training_and_the_run_folder_names_it(tmp_path: Path) -> None:
     asp = [*JOB[: JOB.index("--ps.spare-servers")], "--ps.mode", "asp", "--ps.colocate", "off"]
     asp += ["--train.batch", "64", "--train.steps", "60", "--train.eval-interval", "0", "--train.eval-samples", "2000"]

@@ -173,6 +173,7 @@ def check_in_browser(url: str, shot: Path, plots: int) -> None:
     assert shot.is_file() and shot.stat().st_size > 20_000
 
 
+@pytest.mark.timing
 def test_chromium_shows_the_report_from_disk_and_live(runs: tuple[Path, Path], tmp_path: Path) -> None:
     run = tmp_path / "live"
     shutil.copytree(runs[1], run)

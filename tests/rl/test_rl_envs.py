@@ -84,6 +84,7 @@ def test_an_atari_actor_sends_uint8_frames_and_the_replay_keeps_them() -> None:
     actor.env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_environments_disttrain_rl_cannot_use_are_one_line(tmp_path: Path) -> None:
     cases = [

@@ -83,6 +83,7 @@ def test_reinforce_with_the_learners_batched_inference_learns(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.timing
 def test_a_dead_learner_ends_the_job_with_one_line_and_the_run_resumes(tmp_path: Path) -> None:
     args = [
         "--rl.actors",
@@ -160,6 +161,7 @@ def test_actors_on_a_second_node_join_the_learner(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.timing
 def test_a_frozen_learner_is_named_by_the_launcher_and_the_run_resumes(tmp_path: Path) -> None:
     """The learner stops (SIGSTOP) after update 250: the launcher names it within the hang timeout + 5 s, ends
     it, and the job ends with the line that says how to resume from update 200."""

@@ -145,6 +145,7 @@ def test_the_grouped_norm_of_plain_tensors_is_torchs() -> None:
         torch.testing.assert_close(pa.grad, pb.grad)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_tp_that_does_not_fit_is_one_line_before_any_worker(tmp_path: Any, small_text: Any) -> None:
     common = ["run", "--data.path", str(small_text), "--parallel.device", "cpu", "--parallel.nproc", "2"]

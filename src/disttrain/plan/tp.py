@@ -35,17 +35,18 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from disttrain.config import JobConfig
 from disttrain.parallel.activation import checkpointed_indices
-from disttrain.parallel.tp import matching
-from disttrain.parallel.tp_gpt2 import is_conv1d
 from disttrain.plan.comm import Collective, accum_steps
 from disttrain.plan.profile import ModelProfile, ParamInfo
 from disttrain.utils.fmt import fmt_bytes
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 WHOLE_WITHOUT_SP = 10 / 34
 """Share of a block's saved activations that stays whole on each TP rank without sequence parallelism
@@ -55,6 +56,12 @@ WHOLE_WITHOUT_SP = 10 / 34
 def split_dims(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> dict[str, int]:
     """Parameter name -> the dimension ``styles`` (a TP plan: module paths to styles) splits it in; parameters
     left out stay whole on every TP rank. ``model`` may be on the meta device."""
+    # imported here: DTensor's import (~0.5 s) is for plans with tp > 1, not for every job's parent
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from disttrain.parallel.tp import matching
+    from disttrain.parallel.tp_gpt2 import is_conv1d
+
     out: dict[str, int] = {}
     for pattern, style in styles.items():
         if not isinstance(style, (ColwiseParallel, RowwiseParallel)):

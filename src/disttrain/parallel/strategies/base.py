@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
 from disttrain.errors import ConfigError
@@ -108,6 +107,10 @@ class Strategy:
         """Clip to ``max_norm`` (0 = just measure) and return the global L2 norm of all gradients."""
         params = [p for p in module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf, foreach=True)
+        # imported here: DTensor's import (~0.8 s, sympy included) is only for processes that shard; the parent
+        # that resolves a job never needs it
+        from torch.distributed.tensor import DTensor
+
         if isinstance(norm, DTensor):  # a sharded norm: the full one, not this rank's shard's
             norm = norm.full_tensor()
         return float(norm)

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule
 
 from disttrain.errors import ConfigError
 from disttrain.parallel.env import init_single_process_group
@@ -70,6 +69,8 @@ class FSDP(Strategy):
 
     @contextlib.contextmanager
     def sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
+        from torch.distributed.fsdp import FSDPModule  # (here: the parent that resolves a job never shards)
+
         if isinstance(module, FSDPModule):
             module.set_requires_gradient_sync(enabled)
         yield
