@@ -312,21 +312,23 @@ def test_ranks_that_do_not_step_together_meet_in_the_store(tmp_path: Path) -> No
     assert ex[0](8, (0.1, 0.0)) == {0: (0.1, 0.0), 1: (0.1, 0.0)}
 
 
-STRAGGLER_JOB = ["--health.straggler-interval", "4", "--checkpoint.interval", "0", "--checkpoint.save-final", "none"]
+# windows of 8 steps (the first two steps of a process count in none): medians over 6-8 steps, so a busy
+# machine's preemptions and cache misses, which can make one rank's 4-step median 1.6x the other's, do not
+STRAGGLER_JOB = ["--health.straggler-interval", "8", "--checkpoint.interval", "0", "--checkpoint.save-final", "none"]
 
 
 @pytest.mark.slow
 @pytest.mark.timing
 def test_a_slow_rank_is_named_a_straggler(tmp_path: Path, small_text: Path) -> None:
-    """Rank 1 takes 3x its CPU time per step from step 5 on: every window from then on names it, and only it
+    """Rank 1 takes 3x its CPU time per step from step 9 on: every window from then on names it, and only it
     (the verdict comes from figures all-gathered at each window's last step: the same on a busy machine)."""
-    proc = disttrain(*tiny_run(small_text, tmp_path, "s", 24, *STRAGGLER_JOB), env={"DISTTRAIN_FAULT": "slow:5:1"})
+    proc = disttrain(*tiny_run(small_text, tmp_path, "s", 24, *STRAGGLER_JOB), env={"DISTTRAIN_FAULT": "slow:9:1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     named = [e for e in events(tmp_path / "s") if e["event"] == "straggler"]
-    assert [(e["rank"], e["steps"]) for e in named] == [(1, [k, k + 3]) for k in (5, 9, 13, 17, 21)], named
+    assert [(e["rank"], e["steps"]) for e in named] == [(1, [9, 16]), (1, [17, 24])], named
     assert all(e["detail"].startswith("compute ") for e in named), named
     records = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["stragglers"] for r in records if r["step"] % 4 == 0] == [[], [1], [1], [1], [1], [1]]
+    assert [r["stragglers"] for r in records if r["step"] % 8 == 0] == [[], [1], [1]]
     fast, slow = records[-1]["rank_compute_s"]
     assert slow > 2 * fast  # made 3x slower
     assert "straggler: rank 1" in (tmp_path / "s" / "logs" / "rank0.log").read_text()
@@ -341,8 +343,8 @@ def test_a_run_without_a_slow_rank_names_no_straggler(tmp_path: Path, small_text
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [e for e in events(tmp_path / "q") if e["event"] == "straggler"] == []
     records = [json.loads(x) for x in (tmp_path / "q" / "metrics.jsonl").read_text().splitlines()]
-    judged = [r for r in records if r["step"] % 4 == 0]
-    assert len(judged) == 6 and all(r["stragglers"] == [] and len(r["rank_compute_s"]) == 2 for r in judged)
+    judged = [r for r in records if r["step"] % 8 == 0]
+    assert len(judged) == 3 and all(r["stragglers"] == [] and len(r["rank_compute_s"]) == 2 for r in judged)
 
 
 # -- doctor, config, presets ---------------------------------------------------------------------------------

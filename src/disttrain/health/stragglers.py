@@ -37,6 +37,10 @@ KEYS = ("compute_s", "data_s")
 MIN_SHARE = 0.05
 """A straggler's excess time per step must be at least this share of the other ranks' median step."""
 
+WARMUP_STEPS = 2
+"""Steps of a process (an attempt) left out of every window: the first builds the optimizer state and caches,
+the second rebuilds DDP's buckets; they differ by rank (a window of 4 named a rank 1.6x slow from them)."""
+
 Figures = tuple[float, float]
 """One rank's window: (compute seconds per step, data-wait seconds per step), medians over the window."""
 
@@ -137,15 +141,18 @@ class StragglerCheck:
     stragglers: list[int] = field(default_factory=list)
     rank_figures: dict[str, list[float]] = field(default_factory=dict)
     _win: list[Figures] = field(default_factory=list)
+    _steps: int = 0
 
     def add(self, step: int, compute_s: float, data_s: float) -> None:
         """Step ``step`` took ``compute_s`` of CPU and waited ``data_s`` for data; at a window's last step, the
-        exchange and the verdict."""
+        exchange and the verdict. The first :data:`WARMUP_STEPS` steps of the process count in no window."""
         if not self.interval:
             return
-        self._win.append((compute_s, data_s))
-        if step % self.interval or self.exchange is None:
-            return
+        self._steps += 1
+        if self._steps > WARMUP_STEPS:
+            self._win.append((compute_s, data_s))
+        if step % self.interval or self.exchange is None or not self._win:
+            return  # (every rank has the same steps in its window: all of them exchange, or none)
         mine = (statistics.median(c for c, _ in self._win), statistics.median(d for _, d in self._win))
         self._win = []
         every = self.exchange(step, mine)
