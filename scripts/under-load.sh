@@ -29,7 +29,8 @@ out=${UNDER_LOAD_OUT:-under-load-out}
 rm -rf "$out" && mkdir -p "$out"
 burners=()
 stop_burners() { [ ${#burners[@]} -gt 0 ] && kill "${burners[@]}" 2>/dev/null; wait "${burners[@]}" 2>/dev/null; burners=(); }
-trap stop_burners EXIT INT TERM
+trap stop_burners EXIT
+trap 'echo "under-load: stopped" >&2; exit 130' INT TERM  # (the EXIT trap stops the burners)
 cores=$(nproc)
 if [ "$load" = 1 ]; then
   for _ in $(seq $((cores * per_core))); do
