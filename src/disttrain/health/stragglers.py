@@ -11,6 +11,8 @@ same window on every rank, so a run gives the same verdict on a quiet machine an
 * :class:`StoreExchange`: for ranks that do not step together (the parameter server's ssp/asp trainers, and
   its bsp trainers, whose steps a server's loss can roll back unevenly): each rank posts its window to the
   c10d store and the rank that completes it judges it. Nobody waits for anybody.
+
+:func:`open_store` is the client of the job's store that health uses (the heartbeats' too: its own socket).
 """
 
 from __future__ import annotations
