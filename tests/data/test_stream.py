@@ -115,6 +115,18 @@ def test_bad_raw_input_is_one_line(corpus: Path, tmp_path: Path) -> None:
             plan_raw(path, tokenizer)
 
 
+@pytest.mark.timeout(90)
+def test_one_document_trains_without_evaluation(tmp_path: Path) -> None:
+    """A raw file of one document holds no held-out document: the job trains, evaluates nothing and says so."""
+    one = tmp_path / "one.txt"
+    one.write_text(" ".join(make_docs(60, seed=4)))
+    run = disttrain(*bytes_job(one, tmp_path, "one", "--train.steps", "2", "--parallel.nproc", "1"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "done: 2 steps in" in run.stdout and "final val loss n/a (no evaluation ran)" in run.stdout, run.stdout
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["final_val_loss"] is None and summary["steps"] == 2
+
+
 class _Many(torch.utils.data.Dataset[torch.Tensor]):
     def __len__(self) -> int:
         return TABLE_LIMIT * 8

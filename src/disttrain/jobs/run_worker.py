@@ -155,9 +155,10 @@ def sample_from(trainer: Trainer, plain: nn.Module, start: torch.Tensor, cfg: Jo
 def report(run_dir: Path, summary: dict[str, Any], sample: str, has_text: bool) -> None:
     """Rank 0: write ``summary.json`` (and ``sample.txt``) and print the closing lines."""
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    val = summary["final_val_loss"]  # None when no evaluation ran (no validation data, or too little)
     lines = [
         f"done: {summary['steps']} steps in {summary['wall_s']:.0f}s | final val loss "
-        f"{summary['final_val_loss']:.4f}"
+        + ("n/a (no evaluation ran)" if val is None else f"{val:.4f}")
         + (f" (unigram baseline {summary['unigram_val_loss']:.4f})" if has_text else "")
         + f" | skipped steps {summary['skipped_steps']}"
     ]
