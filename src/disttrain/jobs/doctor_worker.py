@@ -281,6 +281,11 @@ def _rpc_link(rpc: Any, peer: str) -> dict[str, Any]:
     return {"ping_s": ping, "points": points}
 
 
+def entry(argv: list[str]) -> int:
+    """``python -m disttrain.jobs.doctor_worker TMP [--machine-only] [--rpc]``: one rank's checks, its exit code."""
+    worker(argv[0], machine_only="--machine-only" in argv, rpc="--rpc" in argv)
+    return 0
+
+
 if __name__ == "__main__":
-    # run_and_exit skips interpreter teardown (rpc/gloo destructors)
-    run_and_exit(lambda: worker(sys.argv[1], machine_only="--machine-only" in sys.argv, rpc="--rpc" in sys.argv))
+    run_and_exit(lambda: entry(sys.argv[1:]))  # skips interpreter teardown (rpc/gloo destructors)

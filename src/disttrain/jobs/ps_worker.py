@@ -211,5 +211,10 @@ def server_down(cfg: PSJobConfig, rank: int, run_dir: Path, e: RpcError) -> NoRe
     raise SystemExit(3)  # not reached
 
 
+def entry(argv: list[str]) -> int:
+    """``python -m disttrain.jobs.ps_worker RUN_DIR``: one rank of the job, its exit code."""
+    return main(argv)
+
+
 if __name__ == "__main__":
-    run_and_exit(lambda: main(sys.argv[1:]))
+    run_and_exit(lambda: entry(sys.argv[1:]))

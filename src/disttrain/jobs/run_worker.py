@@ -277,8 +277,13 @@ def main(run_dir: str | Path) -> int:
         destroy_distributed()
 
 
-if __name__ == "__main__":
+def entry(argv: list[str]) -> int:
+    """``python -m disttrain.jobs.run_worker RUN_DIR``: one rank of the job, its exit code."""
     try:
-        exit_now(main(sys.argv[1]))
+        return main(argv[0])
     except KeyboardInterrupt:
-        exit_now(130)
+        return 130
+
+
+if __name__ == "__main__":
+    exit_now(entry(sys.argv[1:]))

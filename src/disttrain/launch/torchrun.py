@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,6 +22,7 @@ from disttrain.config import LaunchConfig
 from disttrain.errors import ConfigError
 from disttrain.health.peers import PEER_LOST_EXIT
 from disttrain.launch.agent_log import quiet_agent_log
+from disttrain.launch.forked import forked_worker, start_method
 from disttrain.launch.network import endpoint_parts, is_local, route_to, set_interface_env
 from disttrain.utils.host import reserved_port
 from disttrain.utils.malloc import CPU_MALLOC_ENV, allocator_is_ours
@@ -120,7 +123,7 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
     names a rank in the failure line (``server0 (rank 2)``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import get_args_parser
 
     worker_env_defaults(os.environ, nproc, device_type)
     quiet_agent_log()  # a Ctrl-C is our one line, not three of the agent's warnings
@@ -130,7 +133,7 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
         set_interface_env(os.environ, args.local_addr)
     try:
         with _pruned(Path(args.log_dir) if args.log_dir and args.nnodes == "1" else None):
-            run(args)
+            _run(args, device_type)
     except SignalException as e:  # Ctrl-C (SIGINT) or a scheduler's SIGTERM: torchrun has stopped the workers
         return 128 + int(e.sigval)
     except KeyboardInterrupt:  # a Ctrl-C outside torchrun's own handler (start-up, shutdown)
@@ -146,6 +149,25 @@ def run_torchrun(argv: list[str], nproc: int, device_type: str, name_rank: Calla
         print(f"disttrain: {who} failed with exit code {failure.exitcode}{where}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run(args: Any, device_type: str) -> None:
+    """torchrun's ``run(args)``; a rank of one of our worker modules on CPU is forked from this process
+    (:mod:`disttrain.launch.forked`) instead of started as a fresh ``python -u -m`` process."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, run
+
+    method = start_method(args.training_script, device_type, os.environ) if args.module else "exec"
+    if method == "exec":
+        run(args)
+        return
+    if args.standalone:  # what torchrun's run() makes of --standalone
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _python, _argv = config_from_args(args)
+    config.start_method = "fork"
+    elastic_launch(config, entrypoint=forked_worker)(args.training_script, *args.training_script_args)
 
 
 def hold_master_ports() -> None:

@@ -1,0 +1,73 @@
+"""Workers forked from the launcher instead of started afresh: on CPU, torchrun's agent forks each rank from
+this process, which has already imported torch and disttrain and planned the job, so a rank starts in
+milliseconds instead of spending seconds importing them again (per rank, per attempt: 2 ranks share 2 cores).
+
+Only for a worker module that defines ``entry(argv: list[str]) -> int`` (its exit code; ours: ``run_worker``,
+``ps_worker``, ``doctor_worker``), on CPU: a CUDA process cannot fork once CUDA is initialised, and a user's
+script (``disttrain launch``) gets a fresh interpreter as torchrun gives it. ``DISTTRAIN_WORKER_START=exec``
+starts every worker as a fresh ``python -m`` process (torchrun's way) instead.
+
+What a fresh interpreter would have had, a forked rank is given here: default signal handlers (not the
+agent's), unbuffered standard streams (``python -u``), glibc's heap settings of
+:data:`disttrain.utils.malloc.CPU_MALLOC_ENV` (read by glibc only at process start, so applied by ``mallopt``),
+and an uncaught exception printed by the interpreter's hook before exit code 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing.util
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from disttrain.utils.malloc import CPU_MALLOC_ENV, keep_large_buffers
+from disttrain.utils.process import exit_now
+
+START_ENV = "DISTTRAIN_WORKER_START"
+"""``fork`` (the default on CPU) or ``exec`` (a fresh ``python -m`` per rank, as torchrun starts one)."""
+
+_RESET_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
+
+
+def start_method(module: str, device_type: str, env: Mapping[str, str]) -> str:
+    """``fork`` where a rank of ``module`` can be forked from this process, else ``exec``; a value of
+    :data:`START_ENV` other than the two is a ConfigError."""
+    from disttrain.errors import ConfigError
+
+    asked = env.get(START_ENV, "fork")
+    if asked not in ("fork", "exec"):
+        raise ConfigError(f"{START_ENV} must be 'fork' or 'exec', got {asked!r}")
+    if asked == "exec" or device_type != "cpu" or not hasattr(os, "fork"):
+        return "exec"
+    # imported here, once, before the ranks fork: each starts with it (and a restarted attempt too)
+    return "fork" if callable(getattr(importlib.import_module(module), "entry", None)) else "exec"
+
+
+def forked_worker(module: str, *argv: str) -> None:
+    """A rank forked from the launcher (torchrun's agent calls it with the rank's environment set): run
+    ``module``'s ``entry(argv)`` as ``python -u -m module argv`` would, and leave with its exit code. Returns
+    (which tells the agent the rank succeeded) only for exit code 0."""
+    for sig in _RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]
+    if all(os.environ.get(k) == v for k, v in CPU_MALLOC_ENV.items()):
+        keep_large_buffers()
+    sys.argv = [module, *argv]
+    try:
+        code = importlib.import_module(module).entry(list(argv))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    if code:
+        exit_now(code)
+    # the agent learns of a success from the return value its wrapper sends on; then, first thing as this
+    # process shuts down, leave without joining threads or running destructors (gloo's can deadlock)
+    multiprocessing.util.Finalize(None, exit_now, args=(0,), exitpriority=100)
