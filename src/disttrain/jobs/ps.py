@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.errors import ConfigError
 from disttrain.health.events import log_event
-from disttrain.launch.direct import node_ranks, per_node, run_watched, start
+from disttrain.launch.direct import Worker, node_ranks, per_node, run_watched, start
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.launch.k8s.env import from_pod
 from disttrain.launch.torchrun import run_torchrun, torchrun_argv
@@ -96,9 +95,7 @@ class ProcessWatch:
     that dies (not trainer 0) is named and left behind, the store told (the trainers' clocks and watchdog
     leave it out); any other trainer that fails ends the job."""
 
-    def __init__(
-        self, cfg: PSJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, store_at: tuple[str, int]
-    ) -> None:
+    def __init__(self, cfg: PSJobConfig, procs: dict[int, Worker], run_dir: Path, store_at: tuple[str, int]) -> None:
         self.cfg, self.procs, self.run_dir, self.store_at = cfg, procs, run_dir, store_at
         self.reported: set[int] = set()
 

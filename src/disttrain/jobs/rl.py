@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch.distributed as dist
 from disttrain.checkpoint.commit import resume_hint
 from disttrain.config import to_toml
 from disttrain.health.events import log_event
-from disttrain.launch.direct import node_ranks, run_watched, start
+from disttrain.launch.direct import Worker, node_ranks, run_watched, start
 from disttrain.launch.k8s.env import from_pod
 from disttrain.rl.config import RLJobConfig
 from disttrain.rl.envs import env_spec
@@ -75,9 +74,7 @@ class Watch:
     """Until the learner (or, on other nodes, every actor) ends: report dead actors and put a spare in their
     place; end with the learner."""
 
-    def __init__(
-        self, cfg: RLJobConfig, procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, store_at: tuple[str, int]
-    ) -> None:
+    def __init__(self, cfg: RLJobConfig, procs: dict[int, Worker], run_dir: Path, store_at: tuple[str, int]) -> None:
         self.procs, self.run_dir, self.store_at = procs, run_dir, store_at
         self.places = {r: r - 1 for r in procs if 1 <= r <= cfg.rl.actors}  # rank -> the actor place it plays
         self.spares = [r for r in procs if r > cfg.rl.actors]
@@ -119,7 +116,7 @@ class Watch:
         )
 
 
-def learner_ended(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path) -> int:
+def learner_ended(procs: dict[int, Worker], run_dir: Path) -> int:
     code = procs[0].returncode
     deadline = time.monotonic() + (15 if code == 0 else 0)
     while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):

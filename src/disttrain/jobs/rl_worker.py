@@ -173,5 +173,10 @@ def idle_spares(cfg: RLConfig) -> list[int]:
     return [r for r in spares if not store.check([f"rl/activate/{r}"])]
 
 
+def entry(argv: list[str]) -> int:
+    """``python -m disttrain.jobs.rl_worker RUN_DIR``: one rank of the job, its exit code."""
+    return main(argv)
+
+
 if __name__ == "__main__":
-    run_and_exit(lambda: main(sys.argv[1:]))
+    run_and_exit(lambda: entry(sys.argv[1:]))

@@ -20,14 +20,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from disttrain.errors import ConfigError
+from disttrain.launch.forked import ForkedProcess, fork_process, start_method
 from disttrain.launch.frozen_watch import watch_frozen
 from disttrain.utils.host import reserved_port
 
+Worker = subprocess.Popen[bytes] | ForkedProcess
+"""A started worker: a fresh interpreter, or forked from this process (:mod:`disttrain.launch.forked`)."""
 
-def start(
-    module: str, rank: int, world: int, host: str, port: int, run_dir: Path, node: int = 0
-) -> subprocess.Popen[bytes]:
-    """``python -m module RUN_DIR`` as rank ``rank`` of ``world``, rendezvous at ``host:port``."""
+
+def start(module: str, rank: int, world: int, host: str, port: int, run_dir: Path, node: int = 0) -> Worker:
+    """``python -m module RUN_DIR`` as rank ``rank`` of ``world``, rendezvous at ``host:port``; forked from
+    this process where :func:`disttrain.launch.forked.start_method` says so."""
     env = dict(
         os.environ,
         RANK=str(rank),
@@ -42,6 +45,9 @@ def start(
     (run_dir / "logs").mkdir(exist_ok=True)
     log: IO[bytes] = open(run_dir / "logs" / f"rank{rank}.log", "ab")  # noqa: SIM115 (the child keeps it)
     out = None if rank == 0 else log
+    if start_method(module, "cpu", env) == "fork":  # these jobs run on CPU
+        fd = None if out is None else out.fileno()
+        return fork_process(module, [str(run_dir)], env, stdout=fd, stderr=fd)
     return subprocess.Popen(
         [sys.executable, "-m", module, str(run_dir)], env=env, stdout=out, stderr=log if rank else None
     )
@@ -75,9 +81,7 @@ def node_ranks(world: int, nnodes: str, node_rank: int, rdzv_endpoint: str, what
     return range(node_rank * per, (node_rank + 1) * per), host, int(port)
 
 
-def run_watched(
-    procs: dict[int, subprocess.Popen[bytes]], health: Any, run_dir: Path, node: int, watch: Callable[[], int]
-) -> int:
+def run_watched(procs: dict[int, Worker], health: Any, run_dir: Path, node: int, watch: Callable[[], int]) -> int:
     """``watch()`` (the job's own loop over ``procs``) under the launcher's frozen-rank watch; Ctrl-C passes to
     the workers (exit 130), SIGTERM too (exit 143: a scheduler or the kubelet stopping this node; as the
     container's first process the launcher would otherwise ignore it and wait for SIGKILL), and no worker
@@ -121,7 +125,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated
 
 
-def _wait(procs: dict[int, subprocess.Popen[bytes]], seconds: float) -> None:
+def _wait(procs: dict[int, Worker], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     for p in procs.values():
         with contextlib.suppress(subprocess.TimeoutExpired):

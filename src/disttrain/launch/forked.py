@@ -1,11 +1,12 @@
-"""Workers forked from the launcher instead of started afresh: on CPU, torchrun's agent forks each rank from
-this process, which has already imported torch and disttrain and planned the job, so a rank starts in
-milliseconds instead of spending seconds importing them again (per rank, per attempt: 2 ranks share 2 cores).
+"""Workers forked from the launcher instead of started afresh: on CPU, torchrun's agent (or the launcher of the
+RPC jobs, :mod:`disttrain.launch.direct`) forks each rank from this process, which has already imported torch
+and disttrain and planned the job, so a rank starts in milliseconds instead of spending seconds importing them
+again (per rank, per attempt: 2 ranks share 2 cores).
 
 Only for a worker module that defines ``entry(argv: list[str]) -> int`` (its exit code; ours: ``run_worker``,
-``ps_worker``, ``doctor_worker``), on CPU: a CUDA process cannot fork once CUDA is initialised, and a user's
-script (``disttrain launch``) gets a fresh interpreter as torchrun gives it. ``DISTTRAIN_WORKER_START=exec``
-starts every worker as a fresh ``python -m`` process (torchrun's way) instead.
+``ps_worker``, ``rl_worker``, ``doctor_worker``), on CPU: a CUDA process cannot fork once CUDA is initialised,
+and a user's script (``disttrain launch``) gets a fresh interpreter as torchrun gives it.
+``DISTTRAIN_WORKER_START=exec`` starts every worker as a fresh ``python -m`` process (torchrun's way) instead.
 
 What a fresh interpreter would have had, a forked rank is given here: default signal handlers (not the
 agent's), unbuffered standard streams (``python -u``), glibc's heap settings of
@@ -15,11 +16,14 @@ and an uncaught exception printed by the interpreter's hook before exit code 1.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing.util
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Mapping
 
 from disttrain.utils.malloc import CPU_MALLOC_ENV, keep_large_buffers
@@ -71,3 +75,62 @@ def forked_worker(module: str, *argv: str) -> None:
     # the agent learns of a success from the return value its wrapper sends on; then, first thing as this
     # process shuts down, leave without joining threads or running destructors (gloo's can deadlock)
     multiprocessing.util.Finalize(None, exit_now, args=(0,), exitpriority=100)
+
+
+class ForkedProcess:
+    """A worker forked from this process by :func:`fork_process`, with the part of ``subprocess.Popen``'s
+    interface that a launcher watching its workers uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (``-N`` for signal N) once it has exited, else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def fork_process(
+    module: str, argv: list[str], env: Mapping[str, str], stdout: int | None, stderr: int | None
+) -> ForkedProcess:
+    """``python -u -m module argv`` with environment ``env`` (and the file descriptors ``stdout`` and
+    ``stderr``, where not None), forked from this process: for a launcher that starts and watches its workers
+    itself (:mod:`disttrain.launch.direct`)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # else what this process had buffered would be written again by the child
+    pid = os.fork()
+    if pid:
+        return ForkedProcess(pid)
+    try:  # the child: never returns into the launcher's code
+        os.environ.clear()
+        os.environ.update(env)
+        for fd, target in ((1, stdout), (2, stderr)):
+            if target is not None:
+                os.dup2(target, fd)
+        forked_worker(module, *argv)
+    finally:
+        exit_now(0)  # forked_worker has left already unless its exit code was 0
+    raise AssertionError("not reached")
