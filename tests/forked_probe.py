@@ -24,6 +24,11 @@ def entry(argv: list[str]) -> int:
         return 3
     if what == "raise":
         raise ValueError("boom from the probe")
+    if what == "exit0":  # a worker's own way out (utils.process.exit_now), from deep inside its entry
+        from disttrain.utils.process import exit_now
+
+        exit_now(0)
+        raise AssertionError("exit_now(0) came back")
     threading.Thread(target=time.sleep, args=(120,)).start()  # not a daemon: a fresh worker's exit skips it too
     print("probe done", flush=True)
     return 0

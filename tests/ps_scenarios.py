@@ -92,5 +92,11 @@ def main() -> None:
     transport.shutdown()
 
 
+def entry(argv: list[str]) -> int:
+    """A rank forked by ``disttrain launch -m`` (see disttrain.launch.forked): ``main`` reads ``sys.argv``."""
+    main()
+    return 0
+
+
 if __name__ == "__main__":
     main()

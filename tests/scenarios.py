@@ -263,5 +263,11 @@ def main() -> None:
     destroy_distributed()
 
 
+def entry(argv: list[str]) -> int:
+    """A rank forked by ``disttrain launch -m`` (see disttrain.launch.forked): ``main`` reads ``sys.argv``."""
+    main()
+    return 0
+
+
 if __name__ == "__main__":
     main()

@@ -15,7 +15,7 @@ import pytest
 from disttrain.errors import ConfigError
 from disttrain.launch.forked import START_ENV, forked_worker, start_method
 
-from conftest import bytes_job, disttrain, losses_by_step
+from conftest import assert_one_line, bytes_job, disttrain, losses_by_step
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,23 +30,38 @@ def test_only_a_cpu_worker_module_with_an_entry_is_forked() -> None:
         start_method("forked_probe", "cpu", {START_ENV: "spawn"})
 
 
+def test_a_users_module_is_read_not_run_to_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "trains_on_import.py").write_text(
+        f"open({str(marker)!r}, 'w').close()  # a script that trains at import\n\ndef entry(argv):\n    return 0\n"
+    )
+    (tmp_path / "no_entry.py").write_text("def main():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert start_method("trains_on_import", "cpu", {}) == "fork"
+    assert start_method("no_entry", "cpu", {}) == "exec"
+    assert start_method("not_a_module_anywhere", "cpu", {}) == "exec"
+    assert not marker.exists()
+
+
 def _fork(what: str, out: Path) -> multiprocessing.process.BaseProcess:
     proc = multiprocessing.get_context("fork").Process(target=forked_worker, args=("forked_probe", what, str(out)))
     proc.start()
     return proc
 
 
+@pytest.mark.timing
 def test_a_forked_rank_starts_and_leaves_as_a_fresh_one(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     old = signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's handler: the rank must not keep it
     try:
         started = time.monotonic()
-        procs = {what: _fork(what, tmp_path / f"{what}.json") for what in ("ok", "code", "raise")}
+        procs = {what: _fork(what, tmp_path / f"{what}.json") for what in ("ok", "code", "raise", "exit0")}
         for proc in procs.values():
             proc.join(60)
     finally:
         signal.signal(signal.SIGTERM, old)
     # exit code 0 without waiting for the entry's non-daemon thread (120 s), its own code, 1 for an exception
-    assert {w: p.exitcode for w, p in procs.items()} == {"ok": 0, "code": 3, "raise": 1}
+    # exit_now(0) deep inside: 0 too (the agent hears of a success only from a return)
+    assert {w: p.exitcode for w, p in procs.items()} == {"ok": 0, "code": 3, "raise": 1, "exit0": 0}
     assert time.monotonic() - started < 60
     err = capfd.readouterr()
     assert "probe done" in err.out
@@ -70,3 +85,8 @@ def test_a_job_started_the_fresh_way_trains_the_same_numbers(small_text: Path, t
         assert proc.returncode == 0, proc.stderr[-3000:]
     got = losses_by_step(tmp_path / "forked")
     assert sorted(got) == [1, 2, 3, 4] and got == losses_by_step(tmp_path / "fresh")
+
+
+def test_launch_of_a_module_that_is_not_there_is_one_line(tmp_path: Path) -> None:
+    proc = disttrain("launch", "-n", "2", "-m", "no_such_module_here", cwd=tmp_path)
+    assert_one_line(proc, "module 'no_such_module_here' cannot be imported here; check its name and PYTHONPATH")

@@ -1,4 +1,4 @@
-"""``disttrain launch -n N script.py``: a user's own script under torchrun."""
+"""``disttrain launch -n N script.py`` (or ``-m pkg.mod``): a user's own script or module under torchrun."""
 
 from __future__ import annotations
 
@@ -21,10 +21,22 @@ def main(argv: list[str]) -> int:
     )
     for field in ("image", "namespace", "volume", "gpus-per-node", "cpus-per-node", "queue", "shm-size"):
         k8s.add_argument(f"--k8s.{field}", dest=f"k8s_{field.replace('-', '_')}", help=f"k8s.{field} (run's)")
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module, run as `python -m` runs it (torchrun's -m); on CPU one whose source defines "
+        "entry(argv) -> exit code has its ranks forked from the launcher (no fresh imports)",
+    )
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     from disttrain.launch.torchrun import launch_script
+
+    if a.module and (a.slurm or a.k8s):
+        from disttrain.errors import ConfigError
+
+        raise ConfigError("--module is for a launch on this machine; give --slurm / --k8s a script path instead")
 
     if a.slurm:
         from disttrain.launch.slurm import write_launch_sbatch
@@ -38,7 +50,7 @@ def main(argv: list[str]) -> int:
     from disttrain.launch.k8s.env import from_pod
 
     launch, nproc, _ = from_pod(launch, a.nproc)
-    return launch_script(nproc, launch, a.script, a.args)
+    return launch_script(nproc, launch, a.script, a.args, module=a.module)
 
 
 def k8s_config(a: argparse.Namespace) -> K8sConfig:

@@ -5,7 +5,8 @@ again (per rank, per attempt: 2 ranks share 2 cores).
 
 Only for a worker module that defines ``entry(argv: list[str]) -> int`` (its exit code; ours: ``run_worker``,
 ``ps_worker``, ``rl_worker``, ``doctor_worker``), on CPU: a CUDA process cannot fork once CUDA is initialised,
-and a user's script (``disttrain launch``) gets a fresh interpreter as torchrun gives it.
+and a user's script (``disttrain launch script.py``) gets a fresh interpreter as torchrun gives it; a module
+(``disttrain launch -m pkg.mod``) whose source defines ``entry`` is forked too.
 ``DISTTRAIN_WORKER_START=exec`` starts every worker as a fresh ``python -m`` process (torchrun's way) instead.
 
 What a fresh interpreter would have had, a forked rank is given here: default signal handlers (not the
@@ -16,8 +17,10 @@ and an uncaught exception printed by the interpreter's hook before exit code 1.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
+import importlib.util
 import multiprocessing.util
 import os
 import signal
@@ -25,9 +28,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from disttrain.utils.malloc import CPU_MALLOC_ENV, keep_large_buffers
-from disttrain.utils.process import exit_now
+from disttrain.utils.process import exit_now, success_returns
 
 START_ENV = "DISTTRAIN_WORKER_START"
 """``fork`` (the default on CPU) or ``exec`` (a fresh ``python -m`` per rank, as torchrun starts one)."""
@@ -43,16 +47,55 @@ def start_method(module: str, device_type: str, env: Mapping[str, str]) -> str:
     asked = env.get(START_ENV, "fork")
     if asked not in ("fork", "exec"):
         raise ConfigError(f"{START_ENV} must be 'fork' or 'exec', got {asked!r}")
-    if asked == "exec" or device_type != "cpu" or not hasattr(os, "fork"):
+    if asked == "exec" or device_type != "cpu" or not hasattr(os, "fork") or not defines_entry(module):
         return "exec"
-    # imported here, once, before the ranks fork: each starts with it (and a restarted attempt too)
-    return "fork" if callable(getattr(importlib.import_module(module), "entry", None)) else "exec"
+    if module.startswith("disttrain."):  # ours: imported here, once, so that every rank (and attempt) starts with it
+        importlib.import_module(module)
+    return "fork"
+
+
+def defines_entry(module: str) -> bool:
+    """Whether ``module``'s source defines ``entry`` at its top level: read, not run (a user's module may train
+    when imported); False where it is not a plain ``.py`` file that can be found."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and bool(spec.origin) and source_defines_entry(Path(str(spec.origin)))
+
+
+def source_defines_entry(path: Path) -> bool:
+    """Whether the Python file ``path`` defines ``entry`` at its top level (read, not run)."""
+    if path.suffix != ".py":
+        return False
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    return any(isinstance(node, ast.FunctionDef) and node.name == "entry" for node in tree.body)
 
 
 def forked_worker(module: str, *argv: str) -> None:
-    """A rank forked from the launcher (torchrun's agent calls it with the rank's environment set): run
-    ``module``'s ``entry(argv)`` as ``python -u -m module argv`` would, and leave with its exit code. Returns
-    (which tells the agent the rank succeeded) only for exit code 0."""
+    """A rank forked by torchrun's agent (which calls it with the rank's environment set): run ``module``'s
+    ``entry(argv)`` as ``python -u -m module argv`` would, and leave with its exit code. Returns (which tells
+    the agent the rank succeeded) only for exit code 0."""
+    success_returns(True)  # an exit_now(0) deep in the entry unwinds to here
+    code = _run_entry(module, list(argv))
+    if code:
+        exit_now(code)
+    # the agent learns of a success from the return value its wrapper sends on; then, first thing as this
+    # process shuts down, leave without joining threads or running destructors (gloo's can deadlock)
+    multiprocessing.util.Finalize(None, _leave, exitpriority=100)
+
+
+def _leave() -> None:
+    success_returns(False)
+    exit_now(0)
+
+
+def _run_entry(module: str, argv: list[str]) -> int:
+    """``module``'s ``entry(argv)`` in this freshly forked process, set up as a fresh interpreter would be; its
+    exit code (1 for an exception, printed by the interpreter's hook)."""
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -62,19 +105,14 @@ def forked_worker(module: str, *argv: str) -> None:
         keep_large_buffers()
     sys.argv = [module, *argv]
     try:
-        code = importlib.import_module(module).entry(list(argv))
+        return int(importlib.import_module(module).entry(argv) or 0)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:
-        code = 130
+        return 130
     except BaseException:
         sys.excepthook(*sys.exc_info())
-        code = 1
-    if code:
-        exit_now(code)
-    # the agent learns of a success from the return value its wrapper sends on; then, first thing as this
-    # process shuts down, leave without joining threads or running destructors (gloo's can deadlock)
-    multiprocessing.util.Finalize(None, exit_now, args=(0,), exitpriority=100)
+        return 1
 
 
 class ForkedProcess:
@@ -124,13 +162,14 @@ def fork_process(
     pid = os.fork()
     if pid:
         return ForkedProcess(pid)
+    code = 1
     try:  # the child: never returns into the launcher's code
         os.environ.clear()
         os.environ.update(env)
         for fd, target in ((1, stdout), (2, stderr)):
             if target is not None:
                 os.dup2(target, fd)
-        forked_worker(module, *argv)
+        code = _run_entry(module, argv)
     finally:
-        exit_now(0)  # forked_worker has left already unless its exit code was 0
+        exit_now(code)
     raise AssertionError("not reached")

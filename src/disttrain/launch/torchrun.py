@@ -224,11 +224,24 @@ def run_module_captured(
     return proc.returncode, " | ".join(tail)
 
 
-def launch_script(nproc: int | None, launch: LaunchConfig, script: str, script_args: list[str]) -> int:
-    """``disttrain launch -n N script.py ...``: torchrun semantics for a user's own script."""
-    if not Path(script).is_file():
+def launch_script(
+    nproc: int | None, launch: LaunchConfig, script: str, script_args: list[str], module: bool = False
+) -> int:
+    """``disttrain launch -n N script.py ...`` (``-m pkg.mod ...`` with ``module``): torchrun semantics for a
+    user's own script or module."""
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(script) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(f"module {script!r} cannot be imported here; check its name and PYTHONPATH")
+    elif not Path(script).is_file():
         raise ConfigError(f"script {script!r} does not exist")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n = nproc or default_nproc(device)
     check_nproc(n, device, oversubscribe=True)
-    return run_torchrun([*torchrun_argv(n, launch), script, *script_args], n, device)
+    program = ["-m", script] if module else [script]
+    return run_torchrun([*torchrun_argv(n, launch), *program, *script_args], n, device)

@@ -22,6 +22,8 @@ from typing import Any, TypedDict, TypeVar
 
 from typing_extensions import Unpack
 
+from disttrain.launch.forked import source_defines_entry
+
 DISTTRAIN = Path(sys.executable).with_name("disttrain")
 """The ``disttrain`` console script of this Python environment."""
 
@@ -97,7 +99,12 @@ def launch(
     full = dict(child_env() if env is None else env)
     if root is not None:
         full = child_env(root, base=full)
-    cmd = [str(DISTTRAIN), "launch", "-n", str(nproc), str(script), *args]
+    program = [str(script)]
+    if source_defines_entry(script):  # run as a module: on CPU its ranks fork from the launcher
+        folder = root or script.resolve().parent
+        full = child_env(folder, base=full)
+        program = ["-m", ".".join(script.resolve().relative_to(folder).with_suffix("").parts)]
+    cmd = [str(DISTTRAIN), "launch", "-n", str(nproc), *program, *args]
     proc = subprocess.Popen(cmd, env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timed_out = threading.Event()
 

@@ -10,14 +10,28 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
+
+_SUCCESS_RETURNS = False
+"""Set in a rank that torchrun's agent forked (:mod:`disttrain.launch.forked`): the agent learns of a success
+only from the rank's function returning, so there exit code 0 on the main thread unwinds to it instead."""
+
+
+def success_returns(on: bool) -> None:
+    """Make :func:`exit_now` with code 0 on the main thread raise ``SystemExit(0)`` (``on``) or end the process."""
+    global _SUCCESS_RETURNS
+    _SUCCESS_RETURNS = on
 
 
 def exit_now(code: int = 0) -> None:
-    """Flush logs and the standard streams, then end the process at once with ``code``."""
+    """Flush logs and the standard streams, then end the process at once with ``code`` (in a forked rank,
+    code 0 on the main thread raises ``SystemExit(0)``: see :func:`success_returns`)."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == 0 and _SUCCESS_RETURNS and threading.current_thread() is threading.main_thread():
+        raise SystemExit(0)
     os._exit(code)
 
 
