@@ -4,16 +4,19 @@ torchrun's own) trains the same numbers."""
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import signal
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from disttrain.errors import ConfigError
-from disttrain.launch.forked import START_ENV, forked_worker, start_method
+from disttrain.launch.forked import START_ENV, forked_worker, source_defines_entry, start_method
 
 from conftest import assert_one_line, bytes_job, disttrain, losses_by_step
 
@@ -41,6 +44,41 @@ def test_a_users_module_is_read_not_run_to_decide(tmp_path: Path, monkeypatch: p
     assert start_method("no_entry", "cpu", {}) == "exec"
     assert start_method("not_a_module_anywhere", "cpu", {}) == "exec"
     assert not marker.exists()
+
+
+class _Cycle:
+    """Garbage in a reference cycle whose finalizer runs Python code: a collection inside the parser's tree
+    building lets another thread in there."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        sum(range(50))
+
+
+def test_threads_deciding_at_once_all_read_the_entry() -> None:
+    # the suite launches scenarios from threads; CPython 3.11's parser is not safe to enter from two at once
+    scenarios = Path(__file__).parents[1] / "scenarios.py"
+    switch, threshold = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(10)
+
+    def decide(_: int) -> list[bool]:
+        found = []
+        for _ in range(30):
+            garbage = [_Cycle() for _ in range(100)]
+            del garbage
+            found.append(source_defines_entry(scenarios))
+        return found
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            answers = [a for found in pool.map(decide, range(4)) for a in found]
+    finally:
+        sys.setswitchinterval(switch)
+        gc.set_threshold(*threshold)
+    assert answers == [True] * 120
 
 
 def _fork(what: str, out: Path) -> multiprocessing.process.BaseProcess:

@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,10 @@ from disttrain.utils.process import exit_now, success_returns
 
 START_ENV = "DISTTRAIN_WORKER_START"
 """``fork`` (the default on CPU) or ``exec`` (a fresh ``python -m`` per rank, as torchrun starts one)."""
+
+_PARSE_LOCK = threading.Lock()
+"""CPython 3.11's parser keeps its recursion depth in interpreter-wide state: two threads parsing at once (the
+test suite's :func:`disttrain.testing.launch.together`) can fail with 'AST constructor recursion depth mismatch'."""
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
 
@@ -69,7 +74,9 @@ def source_defines_entry(path: Path) -> bool:
     if path.suffix != ".py":
         return False
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        source = path.read_text(encoding="utf-8")
+        with _PARSE_LOCK:
+            tree = ast.parse(source)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
     return any(isinstance(node, ast.FunctionDef) and node.name == "entry" for node in tree.body)
