@@ -37,14 +37,18 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy
 
 # The whole suite (what CI runs), then seconds per test file, slowest first: a slower suite shows which file grew.
+# Test files run side by side on TEST_WORKERS pytest-xdist workers (one per core, at most 4; a file's tests stay
+# together on one); TEST_WORKERS=0 runs them in this process, one after another.
 RESULTS := .test-results.xml
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: lint
-	$(BIN)/pytest --junitxml=$(RESULTS) $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/pytest $(XDIST) --junitxml=$(RESULTS) $(PYTEST_ARGS); status=$$?; \
 	$(BIN)/python scripts/test_tables.py files $(RESULTS) --top 25; exit $$status
 
 # The inner loop: unit and single-process tests, no lint (a few minutes); `make test` stays the full suite.
 test-quick: $(TEST_STAMP)
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The benchmarks are a package: each runs as a module from the repository root.
 bench: $(TEST_STAMP)

@@ -4,6 +4,7 @@ multi-process scenarios (tests/scenarios.py), a machine cache per test. What tes
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import json
@@ -112,13 +113,27 @@ def assert_resumes_exactly(data: Path, tmp_path: Path, want: dict[int, float]) -
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n N --dist loadgroup``) a test file's tests stay on one worker,
+    together: its module fixtures (one launch for many scenarios) run once, as in a serial run."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _shared_tmp(factory: pytest.TempPathFactory) -> Path:
+    """The folder every pytest-xdist worker of this session shares (its own basetemp's parent), or the
+    session's basetemp in a serial run."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """No test reads or writes the real ~/.cache/disttrain/machine.json (`disttrain doctor`, `estimate`). What
     module and session fixtures run sees this machine's measured figures too (as after the first plan here), so
     their commands do not measure it first whatever order the tests run in."""
     root, old = tmp_path_factory.mktemp("machine-cache"), os.environ.get("DISTTRAIN_CACHE_DIR")
-    measured = measured_machine(root)
+    measured = measured_machine(_shared_tmp(tmp_path_factory))
     if measured:
         (root / "machine.json").write_text(measured)
     os.environ["DISTTRAIN_CACHE_DIR"] = str(root)
@@ -130,25 +145,33 @@ def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 
 
 @functools.cache
-def measured_machine(root: Path) -> str:
+def measured_machine(shared: Path) -> str:
     """This machine's figures, measured once per session (what a plan measures on a machine with none,
-    :func:`disttrain.jobs.doctor.measure_machine`): machine.json's text, or '' when the measurement failed."""
-    seed = root / "measured"
-    env = {**child_env(), "DISTTRAIN_CACHE_DIR": str(seed)}
-    code = "from disttrain.jobs.doctor import measure_machine; print(measure_machine(2))"
-    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    cache = seed / "machine.json"
-    return cache.read_text() if cache.is_file() else ""
+    :func:`disttrain.jobs.doctor.measure_machine`) by the first worker to get here, the others reading them
+    (every worker plans with the same figures): machine.json's text, or '' when the measurement failed."""
+    seed = shared / "measured-machine"
+    with open(shared / "measured-machine.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cache = seed / "machine.json"
+        if not (seed / "tried").exists():
+            env = {**child_env(), "DISTTRAIN_CACHE_DIR": str(seed)}
+            code = "from disttrain.jobs.doctor import measure_machine; print(measure_machine(2))"
+            subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+            seed.mkdir(exist_ok=True)
+            (seed / "tried").touch()
+        return cache.read_text() if cache.is_file() else ""
 
 
 @pytest.fixture(autouse=True)
-def _own_machine_cache(_machine_cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _own_machine_cache(
+    _machine_cache_root: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each test starts from its own cache, holding this machine's measured figures (as after the first plan
     here): one test's `disttrain doctor` or `estimate --measure` never changes another's plan. A test that
     needs an empty cache empties it."""
     own = _machine_cache_root / str(next(_CACHE_IDS))
     own.mkdir()
-    measured = measured_machine(_machine_cache_root)
+    measured = measured_machine(_shared_tmp(tmp_path_factory))
     if measured:
         (own / "machine.json").write_text(measured)
     monkeypatch.setenv("DISTTRAIN_CACHE_DIR", str(own))
