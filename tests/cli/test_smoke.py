@@ -18,7 +18,18 @@ from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-LAYOUTS = [("single", 1), ("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2), ("hsdp", 1), ("hsdp", 2)]
+REPLICAS, TP = ("--parallel.replicate", "2"), ("--parallel.tp", "2")
+LAYOUTS = [  # (strategy, processes, more settings, what the degrees run as)
+    ("single", 1, (), "single"),
+    ("ddp", 1, (), "single"),  # one replica: nothing to all-reduce
+    ("ddp", 2, (), "ddp"),
+    ("fsdp", 1, (), "fsdp"),
+    ("fsdp", 2, (), "fsdp"),
+    ("hsdp", 1, (), "fsdp"),
+    ("hsdp", 2, (), "fsdp"),  # one node's ranks, one replica group: FSDP
+    ("hsdp", 2, REPLICAS, "hsdp"),  # 2 replica groups of 1 shard
+    ("auto", 2, TP, "single"),  # one data-parallel group split over 2 ranks
+]
 MODELS = {"builtin": [], "hf_gpt2": ["--model.module", "hf_models:gpt2"]}
 
 
@@ -27,21 +38,21 @@ def test_every_strategy_on_one_and_two_processes_trains(tmp_path: Path, small_te
     if model != "builtin":
         pytest.importorskip("transformers", reason="transformers is a test dependency (make test installs it)")
 
-    def run(strategy: str, nproc: int) -> tuple[str, int, subprocess.CompletedProcess[str]]:
-        root = tmp_path / f"{strategy}{nproc}"
-        args = ["--parallel.strategy", strategy, "--parallel.nproc", str(nproc), "--run.root", str(root)]
-        proc = disttrain(*tiny_cli_args(small_text, 2, *MODELS[model], *args), timeout=300)
-        return strategy, nproc, proc
+    def run(i: int) -> subprocess.CompletedProcess[str]:
+        strategy, nproc, more, _ = LAYOUTS[i]
+        args = ["--parallel.strategy", strategy, "--parallel.nproc", str(nproc), "--run.root", str(tmp_path / str(i))]
+        return disttrain(*tiny_cli_args(small_text, 2, *MODELS[model], *args, *more), timeout=300)
 
     failed = []
-    for strategy, nproc, proc in together(*(lambda s=s, n=n: run(s, n) for s, n in LAYOUTS), at_once=2):
+    for i, proc in enumerate(together(*(lambda i=i: run(i) for i in range(len(LAYOUTS))), at_once=2)):
+        strategy, nproc, more, runs_as = LAYOUTS[i]
         if proc.returncode != 0:
-            failed.append(f"{strategy} x {nproc}: {proc.stderr[-1500:]}")
+            failed.append(f"{strategy} x {nproc} {' '.join(more)}: {proc.stderr[-1500:]}")
             continue
-        (run_dir,) = [p for p in (tmp_path / f"{strategy}{nproc}").iterdir() if p.is_dir()]
+        (run_dir,) = [p for p in (tmp_path / str(i)).iterdir() if p.is_dir()]
         summary = json.loads((run_dir / "summary.json").read_text())
         resolved = json.loads((run_dir / "resolved.json").read_text())
-        assert summary["strategy"] == strategy == resolved["strategy"], (summary, resolved["strategy"])
+        assert summary["strategy"] == runs_as == resolved["strategy"], (LAYOUTS[i], summary, resolved["strategy"])
         assert summary["steps"] == 2 and summary["world_size"] == nproc
         assert math.isfinite(summary["final_loss"]), summary
     assert not failed, "\n\n".join(failed)

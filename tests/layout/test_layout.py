@@ -1,8 +1,8 @@
 """The layout holds: imports only point down the layers, no import cycles, small modules and functions.
 
-Checked with ``ast`` over the source (function-level and ``if TYPE_CHECKING:`` imports included: a type is a
-dependency too; cycles leave the TYPE_CHECKING ones out, since they never run), so a new arrow against the flow
-fails here instead of surfacing as an import cycle later.
+Checked with ``ast`` over the source (function-level and ``if TYPE_CHECKING:`` imports included, for the layers
+and the cycles alike: a type is a dependency too, and two modules that type each other are one concern split in
+two), so a new arrow against the flow fails here instead of surfacing as an import cycle later.
 """
 
 from __future__ import annotations
@@ -56,28 +56,14 @@ def layer_key(module: str) -> str:
     return max(keys, key=len)
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return skip
-
-
-def imports_of(
-    path: Path, modules: set[str], me: str | None = None, *, type_checking: bool = True
-) -> list[tuple[int, str]]:
-    """(line, module) of every disttrain module ``path`` (module ``me``) imports, at any depth; ``from pkg import
-    mod`` resolves to ``pkg.mod`` when that is a module. ``type_checking=False`` leaves out the imports under
-    ``if TYPE_CHECKING:`` (they never run, so they cannot make a cycle; they still count for the layers)."""
+def imports_of(path: Path, modules: set[str], me: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) of every disttrain module ``path`` (module ``me``) imports, at any depth, ``if
+    TYPE_CHECKING:`` included; ``from pkg import mod`` resolves to ``pkg.mod`` when that is a module."""
     tree = ast.parse(path.read_text())
-    skip = set() if type_checking else _type_checking_nodes(tree)
     me = me or module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -130,10 +116,13 @@ def test_the_parameter_server_and_rpc_stand_apart_from_the_lm_trainer() -> None:
 
 def test_no_import_cycles() -> None:
     modules = all_modules()
-    graph = {
-        m: {t for _, t in imports_of(p, set(modules), type_checking=False) if t in modules and t != m}
-        for m, p in modules.items()
-    }
+    graph = {m: {t for _, t in imports_of(p, set(modules)) if t in modules and t != m} for m, p in modules.items()}
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles (type-only imports included):\n" + "\n".join(cycles)
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each cycle a depth-first walk of ``graph`` (module -> the modules it imports) meets, as 'a -> b -> a'."""
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[str] = []
@@ -152,7 +141,7 @@ def test_no_import_cycles() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
-    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    return cycles
 
 
 def python_files() -> list[Path]:
@@ -182,21 +171,21 @@ def test_every_module_says_what_it_owns() -> None:
 
 
 def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
-    """The checkers themselves: an upward function-level import, a TYPE_CHECKING one counted for the
-    layers and left out of the cycles."""
+    """The checkers themselves: an upward function-level import and a TYPE_CHECKING one, both counted; a cycle
+    closed by a type-only import is one."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from disttrain.cli import main\n\n\n"
         "def f() -> None:\n    from disttrain.train import trainer\n"
     )
     mods = {"disttrain.train.trainer", "disttrain.parallel.probe", "disttrain.cli"}
-    found = imports_of(probe, mods, me="disttrain.parallel.probe", type_checking=False)
-    assert found == [(8, "disttrain.train.trainer")]
-    assert imports_of(probe, mods, me="disttrain.parallel.probe") == [
-        (4, "disttrain.cli"),
-        (8, "disttrain.train.trainer"),
+    found = imports_of(probe, mods, me="disttrain.parallel.probe")
+    assert found == [(4, "disttrain.cli"), (8, "disttrain.train.trainer")]
+    assert LAYERS[layer_key(found[1][1])] > LAYERS[layer_key("disttrain.parallel.probe")]
+    typed = {"disttrain.cli": {"disttrain.parallel.probe"}, "disttrain.parallel.probe": {t for _, t in found}}
+    assert find_cycles({**typed, "disttrain.train.trainer": set()}) == [
+        "disttrain.cli -> disttrain.parallel.probe -> disttrain.cli"
     ]
-    assert LAYERS[layer_key(found[0][1])] > LAYERS[layer_key("disttrain.parallel.probe")]
 
 
 def test_ruff_checks_every_source_file() -> None:

@@ -15,7 +15,7 @@ from torch import nn
 from disttrain.config import JobConfig, from_dict, parse_bytes
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
-from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategies import dims_for
 from disttrain.plan.choose import decide
 from disttrain.plan.estimate import GiB, Layout, estimate, profile_model
 from disttrain.train.loss import cross_entropy
@@ -169,15 +169,15 @@ def test_parse_bytes_rejects(bad: str) -> None:
 
 
 def test_hsdp_degrees() -> None:
-    assert (ParallelDims("hsdp", 4, local_world_size=2).replicate, ParallelDims("hsdp", 4).shard) == (2, 4)
-    d = ParallelDims("hsdp", 8, replicate=2)
+    assert (dims_for("hsdp", 4, local_world_size=2).replicate, dims_for("hsdp", 4).shard) == (2, 4)
+    d = dims_for("hsdp", 8, replicate=2)
     assert (d.replicate, d.shard) == (2, 4)
     with pytest.raises(ConfigError, match=r"parallel.replicate \(3\) must divide the world size \(4\)"):
-        ParallelDims("hsdp", 4, replicate=3)
+        dims_for("hsdp", 4, replicate=3)
     with pytest.raises(ConfigError, match=r"2\) x parallel.shard \(4\) = 8, but the world size is 4"):
-        ParallelDims("hsdp", 4, replicate=2, shard=4)
+        dims_for("hsdp", 4, replicate=2, shard=4)
     with pytest.raises(ConfigError, match=r"use --parallel\.strategy hsdp"):
-        ParallelDims("ddp", 4, shard=2)
+        dims_for("ddp", 4, shard=2)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import torch
 
 from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
-from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategies import dims_for, dims_of, for_dims
 
 
 def test_every_name_has_one_object_and_an_unknown_name_lists_them() -> None:
@@ -22,16 +22,16 @@ def test_every_name_has_one_object_and_an_unknown_name_lists_them() -> None:
 
 
 def test_each_strategy_resolves_its_own_degrees() -> None:
-    assert (ParallelDims("ddp", 4).replicate, ParallelDims("ddp", 4).shard) == (4, 1)
-    assert (ParallelDims("fsdp", 4).replicate, ParallelDims("fsdp", 4).shard) == (1, 4)
-    hsdp = ParallelDims("hsdp", 8, local_world_size=4)
+    assert (dims_for("ddp", 4).replicate, dims_for("ddp", 4).shard) == (4, 1)
+    assert (dims_for("fsdp", 4).replicate, dims_for("fsdp", 4).shard) == (1, 4)
+    hsdp = dims_for("hsdp", 8, local_world_size=4)
     assert (hsdp.replicate, hsdp.shard) == (2, 4) and hsdp.describe() == "hsdp (2 replicas x 4 shards)"
-    assert ParallelDims("fsdp", 4, replicate=2).strategy == "hsdp"  # fsdp with replica groups is HSDP
+    assert dims_for("fsdp", 4, replicate=2).strategy == "hsdp"  # fsdp with replica groups is HSDP
     with pytest.raises(ConfigError, match="strategy 'single' runs one process"):
-        ParallelDims("single", 2)
+        dims_for("single", 2)
     with pytest.raises(ConfigError, match=r"parallel.shard \(3\) must divide the world size \(8\)"):
-        ParallelDims("hsdp", 8, shard=3)
-    assert ParallelDims("fsdp", 2).impl is strategies.STRATEGIES["fsdp"]
+        dims_for("hsdp", 8, shard=3)
+    assert for_dims(dims_for("fsdp", 2)) is strategies.STRATEGIES["fsdp"]
 
 
 def test_the_plan_columns_are_strategies_with_options() -> None:
@@ -71,7 +71,7 @@ def test_a_resolved_job_changes_only_for_an_elastic_membership(tmp_path: Path) -
     alone = job.at_world(2, 2)  # one node of the two left
     assert (alone.nnodes, alone.nproc, alone.world_size) == (1, 2, 2)
     assert alone.batch.accum_steps == 2 * job.batch.accum_steps and alone.batch.global_batch == job.batch.global_batch
-    assert (ParallelDims.of(alone).replicate, ParallelDims.of(alone).shard) == (1, 2)
+    assert (dims_of(alone).replicate, dims_of(alone).shard) == (1, 2)
     assert to_dict(ResolvedJob.from_json(job.to_json()).config) == to_dict(cfg)
     with pytest.raises(ConfigError, match=r"has no resolved\.json"):
         ResolvedJob.read(tmp_path)

@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 from disttrain.config import ParallelConfig
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.env import destroy_distributed
-from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategies import dims_for
 from disttrain.parallel.strategy import parallelize
 from disttrain.train.summary import ROOT, ModelSummary, ModuleRow, ShardUnit, model_summary, render, summarize
 
@@ -90,7 +90,7 @@ def one_rank_group() -> Iterator[None]:
 def test_fsdp_units_on_one_rank(one_rank_group: None) -> None:
     model = GPT(TINY)
     whole = summarize(model)
-    parallelize(model, ParallelConfig(strategy="fsdp"), dims=ParallelDims("fsdp", 1), device=torch.device("cpu"))
+    parallelize(model, ParallelConfig(strategy="fsdp"), dims=dims_for("fsdp", 1), device=torch.device("cpu"))
     assert all(isinstance(p, DTensor) for p in model.parameters())
     s = summarize(model)
     n = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global size
@@ -113,7 +113,7 @@ def test_blocks_sharded_together_are_one_unit(one_rank_group: None) -> None:
     """`6 block(s) per FSDP unit` was followed by a list of 7 units, one block each: one truth."""
     model = GPT(TINY)
     parallel = ParallelConfig(strategy="fsdp", blocks_per_unit=3)
-    parallelize(model, parallel, dims=ParallelDims("fsdp", 1), device=torch.device("cpu"))
+    parallelize(model, parallel, dims=dims_for("fsdp", 1), device=torch.device("cpu"))
     s = summarize(model)
     assert [(u.name, u.cls, u.members) for u in s.units] == [
         ("blocks.0..2", "3 x Block, one unit", ["blocks.0", "blocks.1", "blocks.2"]),

@@ -13,8 +13,7 @@ from disttrain.config import ParallelConfig
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.clip import clip_grad_norm_
-from disttrain.parallel.mesh import ParallelDims
-from disttrain.parallel.strategies import resolve_name
+from disttrain.parallel.strategies import dims_for, resolve_name
 from disttrain.parallel.tp import check_plan, matching
 from disttrain.parallel.tp_plans import hf_plan, plan_for
 
@@ -29,13 +28,13 @@ def _gpt(d_model: int = 64, heads: int = 4) -> GPT:
 
 
 def test_dims_split_the_world_into_data_groups_of_tp_adjacent_ranks() -> None:
-    dims = ParallelDims("fsdp", 8, tp=2)
+    dims = dims_for("fsdp", 8, tp=2)
     assert (dims.dp_size, dims.replicate, dims.shard) == (4, 1, 4)
     assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert dims.describe() == "fsdp x tp 2"
-    hsdp = ParallelDims("hsdp", 8, local_world_size=4, tp=2)  # a node's 4 ranks: 2 data groups of tp 2
+    hsdp = dims_for("hsdp", 8, local_world_size=4, tp=2)  # a node's 4 ranks: 2 data groups of tp 2
     assert (hsdp.replicate, hsdp.shard, hsdp.dp_size) == (2, 2, 4)
-    assert ParallelDims("single", 2, tp=2).dp_size == 1
+    assert dims_for("single", 2, tp=2).dp_size == 1
     assert resolve_name("auto", 2, tp=2) == "fsdp" and resolve_name("auto", 1, tp=2) == "single"
     assert resolve_name("auto", 2) == "ddp"
 
@@ -43,8 +42,8 @@ def test_dims_split_the_world_into_data_groups_of_tp_adjacent_ranks() -> None:
 @pytest.mark.parametrize(
     ("make", "words"),
     [
-        (lambda: ParallelDims("fsdp", 4, tp=3), "parallel.tp (3) must divide the world size (4); use one of 1, 2, 4"),
-        (lambda: ParallelDims("ddp", 4, tp=2), "'ddp' does not compose with tensor parallelism (tp 2 x dp 2)"),
+        (lambda: dims_for("fsdp", 4, tp=3), "parallel.tp (3) must divide the world size (4); use one of 1, 2, 4"),
+        (lambda: dims_for("ddp", 4, tp=2), "'ddp' does not compose with tensor parallelism (tp 2 x dp 2)"),
         (lambda: ParallelConfig(tp=0), "parallel.tp must be >= 1"),
     ],
 )

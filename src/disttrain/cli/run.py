@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from disttrain.config import Flag, JobConfig, parse_command, to_toml
+from disttrain.errors import ConfigError
 
 SUMMARY = """Train: the bundled character-level GPT on the bundled Shakespeare corpus with every local device, or your
 own model and data (--model.module, --data.module), under DDP, FSDP or HSDP as the memory plan decides."""
@@ -25,6 +26,12 @@ FLAGS = (
     ),
     Flag("--slurm", "write an sbatch script for --launch.nnodes nodes (one launcher per node) and exit"),
     K8S,
+    Flag(
+        "--dry-run",
+        "plan the job and build its layout for one rank on a fake process group and the meta device (any world "
+        "size, here, in seconds): its shards, each dimension's split, one step's collectives; then exit",
+    ),
+    Flag("--dry-run-rank", "the rank --dry-run builds (default 0)", "R"),
 )
 
 
@@ -44,8 +51,19 @@ def main(argv: list[str]) -> int:
         from disttrain.jobs.k8s import write_run_manifest
 
         return write_run_manifest(cfg, line.flags["k8s"])
+    if line.flags["dry_run"]:
+        from disttrain.jobs.dry_run import run_dry
+
+        return run_dry(cfg, _rank(line.flags["dry_run_rank"]))
     if line.print_config:
         job = resolve(cfg)
         print(f"# strategy {job.strategy}: {job.reason}\n{to_toml(job.config)}", end="")
         return 0
     return launch_job(cfg)
+
+
+def _rank(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        raise ConfigError(f"--dry-run-rank takes a rank number, got {value!r}") from None

@@ -67,7 +67,7 @@ def _probe_step(blocks_per_unit: int) -> tuple[Any, Any, torch.Tensor, torch.Ten
     from disttrain.config import from_dict
     from disttrain.models.gpt import GPT, GPTConfig
     from disttrain.parallel.env import resolve_precision
-    from disttrain.parallel.mesh import ParallelDims
+    from disttrain.parallel.strategies import dims_from_config
     from disttrain.parallel.strategy import parallelize
     from disttrain.train.optim import build_optimizer
 
@@ -75,7 +75,7 @@ def _probe_step(blocks_per_unit: int) -> tuple[Any, Any, torch.Tensor, torch.Ten
     precision = resolve_precision(cfg.precision, "cpu")
     model = GPT(GPTConfig(vocab_size=32, n_layers=PROBE_BLOCKS, d_model=PROBE_WIDTH, n_heads=2, context=8))
     world = dist.get_world_size()
-    dims = ParallelDims.from_config(cfg.parallel, world, world, "fsdp")
+    dims = dims_from_config(cfg.parallel, world, world, "fsdp")
     wrapped = parallelize(model, cfg.parallel, precision, dims=dims, device=torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 32, (2, 8), generator=gen)

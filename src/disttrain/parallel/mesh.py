@@ -1,126 +1,226 @@
-"""ParallelDims: the parallel layout (replicate x shard x tp degrees), validated once; builds the DeviceMesh.
+"""ParallelDims: the n-D parallel layout as degrees only, checked once; it builds the world DeviceMesh with named
+dimensions and every flattened sub-mesh the code asks for by name (after torchtitan's
+``distributed/parallel_dims.py``).
 
-Callers ask ``dims.impl`` (the :class:`Strategy`), ``dims.dp_size``, ``dims.dp_rank(rank)``, ``dims.shard``,
-``dims.tp``; nobody else redoes the arithmetic (after torchtitan's ``distributed/parallel_dims.py``). The ranks
-of one tensor-parallel group (``tp`` adjacent ranks: the innermost mesh dimension) see the same data; the
-``dp_size = world / tp`` groups see different data. What differs between data-parallel strategies is how
-parameters, gradients and optimizer state are spread over the groups: DDP replicates them, FSDP shards them
-over all groups, HSDP shards them within ``shard`` groups (a node, by default) and replicates those
-(``replicate`` of them).
+The degrees, outermost first as the world mesh lays them: ``pp`` (pipeline stages), ``dp_replicate`` (replica
+groups), ``dp_shard`` (ranks one copy of the model state is sharded over), ``cp`` (context parallel), ``tp``
+(tensor parallel, innermost: adjacent ranks). Their product is the world size. ``ep`` (expert parallel) borrows
+its ranks from ``dp_shard x cp`` and so does not multiply the world. ``fsdp`` says whether parameters are
+sharded with FSDP2 over ``dp_shard`` (replicated over ``dp_replicate``: HSDP) even where ``dp_shard`` is 1 (FSDP on
+one rank, to offload); without it, ``dp_replicate`` ranks replicate the whole model (DDP).
+
+What to apply follows from the degrees; which :class:`~disttrain.parallel.strategies.Strategy` carries a layout
+out is :func:`disttrain.parallel.strategies.for_dims`'s to say, and how a config's strategy name becomes
+degrees is :func:`disttrain.parallel.strategies.dims_for`'s (called once, by ``disttrain.resolve``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from disttrain.config import ParallelConfig, ResolvedJob
 from disttrain.errors import ConfigError
-from disttrain.parallel import strategies
-from disttrain.parallel.strategies import Strategy
+from disttrain.parallel.env import init_single_process_group
+
+ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+"""The world mesh's dimensions, outermost first (torchtitan's order)."""
+
+FLATTENED = {
+    "dp": ("dp_replicate", "dp_shard"),  # the ranks that see different data
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),  # what a loss is averaged over
+    "dp_shard_cp": ("dp_shard", "cp"),  # what FSDP shards over
+}
+"""Sub-meshes made by flattening world dimensions, by name."""
 
 
 @dataclass
 class ParallelDims:
-    """``strategy`` over ``world_size`` ranks. ``replicate`` / ``shard`` may be -1 ("the rest"); after
-    construction both are resolved by the strategy: single/ddp = (world, 1), fsdp = (1, world), hsdp =
-    (world / shard, shard) with ``shard`` defaulting to ``local_world_size`` (the ranks of one node); with
-    ``tp`` > 1 the same over ``world / tp`` data-parallel groups (``tp`` must divide the world size)."""
+    """Degrees over ``world_size`` ranks; ``dp_shard = -1`` (or ``dp_replicate = -1``) is "the rest". Checked
+    once here: every degree >= 1, the product equal to the world size, ``ep`` dividing ``dp_shard x cp``,
+    replication without sharding (DDP) not composed with ``tp``, ``pp``, ``cp`` or ``ep``."""
 
-    strategy: str
     world_size: int
-    replicate: int = -1
-    shard: int = -1
-    local_world_size: int | None = None
+    dp_replicate: int = 1
+    dp_shard: int = -1
     tp: int = 1
-    _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
-    _world_mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
-
-    @classmethod
-    def from_config(
-        cls, parallel: ParallelConfig, world_size: int, local_world_size: int | None = None, strategy: str | None = None
-    ) -> ParallelDims:
-        """The job's layout: ``strategy`` (default: ``parallel.strategy``, 'auto' resolved without a plan by
-        :func:`~disttrain.parallel.strategies.resolve_name`) with ``parallel.replicate`` / ``parallel.shard``."""
-        tp = parallel.tp
-        check_tp(tp, world_size)
-        chosen = strategies.resolve_name(strategy or parallel.strategy, world_size // tp, tp)
-        return cls(chosen, world_size, parallel.replicate, parallel.shard, local_world_size=local_world_size, tp=tp)
-
-    @classmethod
-    def of(cls, job: ResolvedJob) -> ParallelDims:
-        """The layout a resolved job decided, as it is (nothing re-derived)."""
-        tp = job.config.parallel.tp
-        return cls(job.strategy, job.world_size, job.replicate, job.shard, local_world_size=job.nproc, tp=tp)
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    fsdp: bool | None = None
+    """Parameters are sharded (FSDP2) over ``dp_shard``; None: where ``dp_shard`` > 1."""
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_tp(self.tp, self.world_size)
-        self.strategy = strategies.get(self.strategy).canonical(self.replicate)
-        local_dp = None if self.local_world_size is None else max(self.local_world_size // self.tp, 1)
-        self.replicate, self.shard = self.impl.degrees(self.dp_size, self.replicate, self.shard, local_dp)
-        self.impl.check_tp(self.dp_size, self.tp)
+        self._fill_the_rest()
+        degrees = self.degrees()
+        if any(d < 1 for d in degrees.values()) or self.ep < 1:
+            raise ConfigError(f"every parallel degree must be >= 1, got {self._said()}")
+        if math.prod(degrees.values()) != self.world_size:
+            raise ConfigError(
+                f"the degrees multiply to {math.prod(degrees.values())} ({self._said()}), but the world size is "
+                f"{self.world_size}; set them so their product is {self.world_size}, or dp_shard to -1 (the rest)"
+            )
+        if (self.dp_shard * self.cp) % self.ep:
+            raise ConfigError(
+                f"ep ({self.ep}) must divide dp_shard x cp ({self.dp_shard} x {self.cp}): the expert-parallel ranks "
+                "are borrowed from the sharded data-parallel ones"
+            )
+        if self.fsdp is None:
+            self.fsdp = self.dp_shard > 1
+        if not self.fsdp and self.dp_shard > 1:
+            raise ConfigError(f"dp_shard ({self.dp_shard}) > 1 shards parameters: it needs fsdp=True")
+        if not self.fsdp and self.dp_replicate > 1 and (self.tp, self.pp, self.cp, self.ep) != (1, 1, 1, 1):
+            raise ConfigError(
+                f"replication without sharding (DDP, dp_replicate {self.dp_replicate}) does not compose with "
+                f"{self._others()}; shard over the data-parallel ranks instead (FSDP or HSDP)"
+            )
 
+    def _fill_the_rest(self) -> None:
+        if self.dp_shard == -1 and self.dp_replicate == -1:
+            raise ConfigError("only one of dp_replicate and dp_shard can be -1 (the rest)")
+        fixed = self.pp * self.cp * self.tp * (self.dp_replicate if self.dp_shard == -1 else self.dp_shard)
+        if -1 in (self.dp_shard, self.dp_replicate):
+            if fixed < 1 or self.world_size % fixed:
+                raise ConfigError(
+                    f"the degrees given ({self._said()}) do not divide the world size ({self.world_size}); "
+                    f"degrees that divide it: {divisors(self.world_size)}"
+                )
+            if self.dp_shard == -1:
+                self.dp_shard = self.world_size // fixed
+            else:
+                self.dp_replicate = self.world_size // fixed
+
+    def degrees(self) -> dict[str, int]:
+        """Every dimension of the world mesh and its degree, outermost first."""
+        return {name: getattr(self, name) for name in ORDER}
+
+    def degrees_text(self) -> str:
+        """'dp_replicate 1 x dp_shard 2 x tp 2': the data-parallel degrees and every other one above 1."""
+        return " x ".join(f"{k} {v}" for k, v in self.degrees().items() if v > 1 or k.startswith("dp_"))
+
+    def _said(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in {**self.degrees(), "ep": self.ep}.items())
+
+    def _others(self) -> str:
+        return " x ".join(f"{k} {v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep)))
+
+    # -- what the degrees mean ----------------------------------------------------------------------
     @property
-    def impl(self) -> Strategy:
-        """The strategy object that wraps, syncs, casts and clips for this layout."""
-        return strategies.get(self.strategy)
+    def strategy(self) -> str:
+        """The data-parallel layout's name (single, ddp, fsdp, hsdp), for what is printed and recorded."""
+        if self.fsdp:
+            return "hsdp" if self.dp_replicate > 1 else "fsdp"
+        return "ddp" if self.dp_replicate > 1 else "single"
 
     @property
     def dp_size(self) -> int:
-        """Groups of ranks that see different data (every rank, for pure data parallelism; world / tp)."""
-        return self.world_size // self.tp
+        """Groups of ranks that see different data (``dp_replicate x dp_shard``)."""
+        return self.dp_replicate * self.dp_shard
 
     def dp_rank(self, rank: int) -> int:
-        """The data-parallel group of global ``rank`` (TP is the innermost mesh dimension: adjacent ranks)."""
-        return rank // self.tp
+        """The data-parallel group of global ``rank`` (``cp`` and ``tp`` are inside it, ``pp`` outside)."""
+        return (rank // (self.cp * self.tp)) % self.dp_size
+
+    @property
+    def replicate(self) -> int:
+        """``dp_replicate`` (the name the config and the resolved job use)."""
+        return self.dp_replicate
+
+    @property
+    def shard(self) -> int:
+        """``dp_shard`` (the name the config and the resolved job use)."""
+        return self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Parameters are sharded (FSDP or HSDP)."""
+        return bool(self.fsdp)
 
     @property
     def tp_enabled(self) -> bool:
         return self.tp > 1
 
     @property
-    def fsdp_enabled(self) -> bool:
-        """Parameters are sharded (FSDP or HSDP)."""
-        return self.impl.shards_parameters
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
 
     def describe(self) -> str:
         out = self.strategy
-        if self.replicate > 1 and self.impl.shards_parameters:
-            out = f"{self.strategy} ({self.replicate} replicas x {self.shard} shards)"
-        return f"{out} x tp {self.tp}" if self.tp > 1 else out
+        if self.dp_replicate > 1 and self.fsdp:
+            out = f"{self.strategy} ({self.dp_replicate} replicas x {self.dp_shard} shards)"
+        extra = "".join(
+            f" x {name} {getattr(self, name)}" for name in ("pp", "cp", "tp", "ep") if getattr(self, name) > 1
+        )
+        return out + extra
 
-    def mesh(self, device_type: str) -> DeviceMesh:
-        """The data-parallel DeviceMesh, built on first use: 1-D ('dp',) or 2-D ('replicate', 'shard') for HSDP;
-        with tp > 1, those dimensions of :meth:`world_mesh`."""
-        if self._mesh is None:
-            if self.tp > 1:
-                names = self.impl.mesh_layout(self)[1]
-                mesh: DeviceMesh | None = self.world_mesh(device_type)[names if len(names) > 1 else names[0]]
-            else:
-                mesh = self.impl.mesh(self, device_type)
-            if mesh is None:
-                raise ConfigError(f"strategy {self.strategy!r} shards over no mesh")
-            self._mesh = mesh
-        return self._mesh
+    # -- meshes -------------------------------------------------------------------------------------
+    def mesh_dims(self) -> dict[str, int]:
+        """The world mesh's dimensions: every degree > 1, and ``dp_shard`` (and ``dp_replicate`` with it) where
+        parameters are sharded, so that FSDP always has its dimension; ``dp_shard`` of size 1 for a lone rank."""
+        kept = {n: d for n, d in self.degrees().items() if d > 1 or (self.fsdp and n == "dp_shard")}
+        return kept or {"dp_shard": 1}
 
     def world_mesh(self, device_type: str) -> DeviceMesh:
-        """Every dimension, TP innermost: ('dp', 'tp') or ('replicate', 'shard', 'tp') (as torchtitan lays them)."""
-        if self._world_mesh is None:
-            shape, names = self.impl.mesh_layout(self)
-            self._world_mesh = init_device_mesh(device_type, (*shape, self.tp), mesh_dim_names=(*names, "tp"))
-        return self._world_mesh
+        """Every dimension of :meth:`mesh_dims`, built on first use."""
+        if "world" not in self._meshes:
+            if self.world_size == 1:
+                init_single_process_group(device_type)  # a 1-rank mesh (FSDP on one device, to offload)
+            dims = self.mesh_dims()
+            self._meshes["world"] = init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+        return self._meshes["world"]
+
+    def get_mesh(self, name: str, device_type: str) -> DeviceMesh | None:
+        """The sub-mesh ``name``: a world dimension, or one of :data:`FLATTENED` (the dimensions it flattens
+        that the world mesh has); None where it has none of them."""
+        if name not in self._meshes:
+            world = self.world_mesh(device_type)
+            parts = FLATTENED.get(name, (name,))
+            present = [p for p in parts if p in (world.mesh_dim_names or ())]
+            if not present:
+                return None
+            if len(present) == 1:
+                self._meshes[name] = world[present[0]]
+            else:
+                self._meshes[name] = world[tuple(present)]._flatten(name)
+        return self._meshes[name]
+
+    def fsdp_mesh(self, device_type: str) -> DeviceMesh:
+        """What FSDP2 shards over: 1-D ``dp_shard_cp``, or 2-D (``dp_replicate``, ``dp_shard_cp``) for HSDP."""
+        if not self.fsdp:
+            raise ConfigError(f"the layout {self.describe()} shards no parameters: it has no FSDP mesh")
+        if "fsdp" not in self._meshes:
+            shard = self.get_mesh("dp_shard_cp", device_type)
+            assert shard is not None  # mesh_dims keeps dp_shard where fsdp
+            if self.dp_replicate > 1:
+                world = self.world_mesh(device_type)
+                names = ("dp_replicate", "dp_shard") if self.cp == 1 else None
+                self._meshes["fsdp"] = world[names] if names else self._hsdp_with_cp(world)
+            else:
+                self._meshes["fsdp"] = shard
+        return self._meshes["fsdp"]
+
+    def _hsdp_with_cp(self, world: DeviceMesh) -> DeviceMesh:
+        self.get_mesh("dp_shard_cp", world.device_type)  # flattened first: the 2-D view names it
+        return world[("dp_replicate", "dp_shard_cp")]
 
     def tp_mesh(self, device_type: str) -> DeviceMesh:
         """The 1-D mesh of this rank's tensor-parallel group."""
-        return self.world_mesh(device_type)["tp"]
+        mesh = self.get_mesh("tp", device_type)
+        if mesh is None:
+            raise ConfigError("the layout has no tensor-parallel dimension (tp 1)")
+        return mesh
+
+
+def divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 def check_tp(tp: int, world_size: int) -> None:
     """``tp`` divides the world size, or a ConfigError naming both and the degrees that would."""
     if tp < 1 or world_size % tp:
-        fits = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
         raise ConfigError(
-            f"parallel.tp ({tp}) must divide the world size ({world_size}); use one of {fits}, "
+            f"parallel.tp ({tp}) must divide the world size ({world_size}); use one of {divisors(world_size)}, "
             f"or change --parallel.nproc to a multiple of {tp}"
         )

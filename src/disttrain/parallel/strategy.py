@@ -27,7 +27,7 @@ from disttrain.parallel.compile import apply_compile
 from disttrain.parallel.env import resolve_precision
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.mesh import ParallelDims
-from disttrain.parallel.strategies import Strategy, WrapSettings
+from disttrain.parallel.strategies import Strategy, WrapSettings, dims_from_config, for_dims
 from disttrain.parallel.tp import apply_tp, loss_parallel
 
 
@@ -52,7 +52,7 @@ class Parallelized:
 
     @property
     def impl(self) -> Strategy:
-        return self.dims.impl
+        return for_dims(self.dims)
 
     def __call__(self, *args: object, **kwargs: object) -> torch.Tensor:
         return self.module(*args, **kwargs)
@@ -91,6 +91,12 @@ def _check_layout(dims: ParallelDims, parallel: ParallelConfig) -> None:
             f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "
             "start the script with `disttrain launch -n N script.py` (or torchrun) and call init_distributed()"
         )
+    unbuilt = {name: getattr(dims, name) for name in ("pp", "cp", "ep") if getattr(dims, name) > 1}
+    if unbuilt:
+        raise ConfigError(
+            f"the layout {dims.describe()} has {', '.join(f'{k} {v}' for k, v in unbuilt.items())}: ParallelDims "
+            "admits these degrees, but parallelize does not apply them yet; set them to 1"
+        )
     if parallel.offload and not dims.fsdp_enabled:
         raise ConfigError(
             "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
@@ -121,7 +127,7 @@ def parallelize(
     precision = precision or PrecisionConfig()
     if dims is None:
         world = dist.get_world_size() if dist.is_initialized() else 1
-        dims = ParallelDims.from_config(parallel, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        dims = dims_from_config(parallel, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     device = device or current_device()
     if precision.dtype == "auto":
         precision = resolve_precision(precision, device.type)
@@ -136,5 +142,5 @@ def parallelize(
     apply_compile(model, blocks, parallel.compile, device.type, checkpointing=parallel.activation_checkpointing)
     if parallel.activation_checkpointing != "none":
         apply_activation_checkpointing(blocks, parallel.activation_checkpointing)
-    wrapped = dims.impl.wrap(model, dims, WrapSettings(parallel, precision, device))
+    wrapped = for_dims(dims).wrap(model, dims, WrapSettings(parallel, precision, device))
     return Parallelized(wrapped, model, dims, device, precision.dtype, vocab_parallel)

@@ -15,7 +15,7 @@ from torch import nn
 from disttrain.config import JobConfig, ResolvedJob, resolve_batch
 from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
-from disttrain.parallel.strategies import COLUMNS
+from disttrain.parallel.strategies import COLUMNS, LABELS
 from disttrain.plan.estimate import (
     Estimate,
     Layout,
@@ -29,7 +29,7 @@ from disttrain.plan.estimate import (
     with_parallel,
 )
 from disttrain.plan.profile import LossFn, profile_model
-from disttrain.plan.render import LABELS, render
+from disttrain.plan.render import render
 from disttrain.utils.fmt import fmt_bytes
 
 
@@ -117,7 +117,7 @@ def resolve_here(
 ) -> ResolvedJob:
     """The resolve step of the Python API, where no parent process resolved the job: the precision for this
     device, ``auto`` from the plan of the model in hand (over several ranks), the degrees and the batch."""
-    from disttrain.parallel.mesh import ParallelDims
+    from disttrain.parallel.strategies import dims_from_config
 
     cfg = resolved_precision(cfg, device_type)
     auto = cfg.parallel.strategy == "auto"
@@ -127,7 +127,7 @@ def resolve_here(
     elif auto and world > 1:
         strategy, reason, tuned = auto_strategy(model, sample, cfg, world, local, loss_fn)
         cfg = with_parallel(cfg, **tuned)
-    dims = ParallelDims.from_config(cfg.parallel, world, local, strategy)
+    dims = dims_from_config(cfg.parallel, world, local, strategy)
     return ResolvedJob(
         config=with_parallel(cfg, strategy=dims.strategy),
         device=device_type,

@@ -28,7 +28,7 @@ whichever is larger), an upper bound: gradients and activations overlap only par
 :mod:`disttrain.plan.choose` turns a plan into the strategy to run (this module never imports the trainer).
 
 May import: ``disttrain.config``, ``disttrain.errors``, ``disttrain.utils``, ``disttrain.build``,
-``disttrain.parallel``, ``disttrain.plan.profile``, ``disttrain.plan.render`` (the table in its messages).
+``disttrain.parallel`` (the strategies and the plan's columns), ``disttrain.plan.profile``.
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ from torch import nn
 from disttrain.config import DTYPES, JobConfig, parse_bytes
 from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
-from disttrain.parallel.strategies import COLUMNS, SHARDED_COLUMNS
+from disttrain.parallel.strategies import COLUMNS, LABELS, SHARDED_COLUMNS, label
 from disttrain.plan.comm import outer_split, unit_numels
 from disttrain.plan.profile import LossFn, ModelProfile, profile_model, sharded_bytes
-from disttrain.plan.render import LABELS, label
 from disttrain.plan.timing import (
     NEAR_BEST,
     Machine,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disttrain.config import DTYPES, JobConfig
-from disttrain.parallel.strategies import COLUMNS
+from disttrain.parallel.strategies import COLUMNS, LABELS, label
 from disttrain.plan.comm import collectives, outer_split, unit_numels
-from disttrain.plan.render import LABELS, label, seconds
+from disttrain.plan.render import seconds
 from disttrain.plan.timing import NEAR_BEST
 from disttrain.plan.tp import tp_collectives
 from disttrain.utils.fmt import fmt_bytes

@@ -2,7 +2,7 @@
 what ranks measured (:func:`compare`, for ``disttrain estimate --measure``).
 
 Presentation only, over an :class:`~disttrain.plan.estimate.Estimate` it is given: the arithmetic is in
-:mod:`disttrain.plan.estimate`, which uses this module for its messages (so this one imports it for types only).
+:mod:`disttrain.plan.estimate`, which never imports this module (the columns' names are the strategy registry's).
 May import: ``disttrain.utils``, ``disttrain.plan.profile``.
 """
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
+from disttrain.parallel.strategies import label
 from disttrain.plan.profile import sharded_bytes
 from disttrain.utils.fmt import fmt_bytes
 
@@ -20,13 +21,7 @@ if TYPE_CHECKING:
     from disttrain.plan.timing import Machine
 
 COLUMNS = tuple(strategies.COLUMNS)
-LABELS = {key: column.label for key, column in strategies.COLUMNS.items()}
 ROWS = ("params", "grads", "optimizer", "step_temp", "gathered", "activations", "total")
-
-
-def label(column: str, tp: int = 1) -> str:
-    """A plan column's name, with the tensor-parallel degree when there is one: ``FSDP x tp 2``."""
-    return f"{LABELS[column]} x tp {tp}" if tp > 1 else LABELS[column]
 
 
 def render(est: Estimate) -> str:

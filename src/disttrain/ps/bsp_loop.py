@@ -13,22 +13,40 @@ dense part catches up, and the next step reads its rows afresh, as a resumed run
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from disttrain.ps.bsp_step import BspRows, InFlight, StepRows
 from disttrain.ps.clicks import Batch
+from disttrain.ps.config import PSConfig, PSTrainConfig
 from disttrain.utils import hooks
 
-if TYPE_CHECKING:
-    from disttrain.ps.trainer import PSTrainer
+
+class BspTrainer(Protocol):
+    """What a BSP step needs of its trainer (:class:`disttrain.ps.trainer.PSTrainer` has it): its sections and
+    rank, the batches, the forward/backward and the dense part's update, the phase clock and the step's
+    bookkeeping. The loop depends on this, never on the trainer's module."""
+
+    cfg: PSConfig
+    train: PSTrainConfig
+    rank: int
+    staleness: list[int]
+    counts_loaded: bool
+
+    def phase(self, name: str) -> None: ...
+    def global_batch(self, step: int) -> Batch: ...
+    def my_part(self, b: Batch) -> Batch: ...
+    def syncs_after(self, done: int) -> bool: ...
+    def forward_backward(self, b: Batch, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def dense_grad(self) -> torch.Tensor | None: ...
+    def apply_dense(self, step: int, mean: torch.Tensor | None) -> None: ...
 
 
 class BspLoop:
     """Trainer ``trainer``'s BSP steps on ``bsp``'s rows."""
 
-    def __init__(self, trainer: PSTrainer, bsp: BspRows, overlap: bool) -> None:
+    def __init__(self, trainer: BspTrainer, bsp: BspRows, overlap: bool) -> None:
         self.t, self.bsp, self.overlap = trainer, bsp, overlap
         self.rows: StepRows | None = None  # this step's rows (None: read them afresh)
         self.next_rows: StepRows | None = None  # overlapped: the next step's, when already read

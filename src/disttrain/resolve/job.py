@@ -16,7 +16,7 @@ from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, Voca
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type
-from disttrain.parallel.mesh import ParallelDims, check_tp
+from disttrain.parallel.mesh import check_tp
 from disttrain.plan.choose import decide, tp_as_given
 from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision
 from disttrain.plan.render import render
@@ -55,8 +55,11 @@ def resolve(cfg: JobConfig) -> ResolvedJob:
     choice = choose_strategy(cfg, nproc, max_nodes, device)
     if "tp" in choice.parallel:  # `auto` chose tensor parallelism: the degrees follow from it
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=choice.parallel["tp"]))
-    dims = ParallelDims.from_config(cfg.parallel, nproc * max_nodes, nproc, choice.strategy)
+    dims = strategies.dims_from_config(cfg.parallel, nproc * max_nodes, nproc, choice.strategy)
     batch = resolve_batch(cfg.train, dims.dp_size)
+    reason = choice.reason
+    if dims.strategy != choice.strategy:  # the degrees decide: e.g. hsdp with one replica group is fsdp
+        reason += f"; {choice.strategy} at {dims.degrees_text()} runs as {dims.strategy}"
     resolved: dict[str, Any] = {"nproc": nproc, "device": device, "strategy": dims.strategy, **choice.parallel}
     return ResolvedJob(
         config=dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **resolved)),
@@ -67,7 +70,7 @@ def resolve(cfg: JobConfig) -> ResolvedJob:
         replicate=dims.replicate,
         shard=dims.shard,
         batch=batch,
-        reason=choice.reason,
+        reason=reason,
         auto=cfg.parallel.strategy == "auto",
         plan_text=choice.plan_text,
         plan_json=choice.plan_json,

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from disttrain.config import JobConfig
 from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategies import for_dims
 
 
 def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
@@ -66,4 +67,4 @@ def make_grad_scaler(dtype: str, dims: ParallelDims, device: torch.device) -> to
         from disttrain.parallel.tp_scaler import TPGradScaler
 
         return TPGradScaler(device.type)
-    return dims.impl.grad_scaler(device.type)
+    return for_dims(dims).grad_scaler(device.type)

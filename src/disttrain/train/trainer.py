@@ -38,7 +38,7 @@ from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor, set_collective_timeout
 from disttrain.health.signals import PREEMPT
 from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
-from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.strategies import dims_of
 from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.parallel.tp import local_value
 from disttrain.plan.choose import resolve_here
@@ -99,7 +99,7 @@ class Trainer:
             loss_fn,
         )
         self.cfg = cfg = self.job.config
-        self.dims = ParallelDims.of(self.job)
+        self.dims = dims_of(self.job)
         self.plan = self.job.batch
         dp_rank = self.dims.dp_rank(self.env.rank)  # the ranks of one tensor-parallel group read the same batch
         self.loader = GlobalBatchLoader(

@@ -1,20 +1,27 @@
-"""The strategy registry: one :class:`Strategy` object per name, and the plan's columns (a strategy with the
-options the plan compares: FSDP without reshard, FSDP with offload).
+"""The strategy registry: one :class:`Strategy` object per name, what a config's strategy name means in degrees
+(:func:`dims_for`, the one place a name becomes a :class:`~disttrain.parallel.mesh.ParallelDims`), which strategy
+carries out a layout (:func:`for_dims`: from its degrees), and the plan's columns (a strategy with the options
+the plan compares: FSDP without reshard, FSDP with offload).
 
 This is the one place strategy names are looked up; everywhere else holds a :class:`Strategy` (or a
-:class:`PlanColumn`) and asks it. ``single``, ``ddp``, ``fsdp``, ``hsdp``: one module each.
+:class:`PlanColumn`, or a ``ParallelDims``) and asks it. ``single``, ``ddp``, ``fsdp``, ``hsdp``: one module each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from disttrain.errors import ConfigError
+from disttrain.parallel.mesh import ParallelDims, check_tp
 from disttrain.parallel.strategies.base import Strategy, WrapSettings
 from disttrain.parallel.strategies.ddp import DDP
 from disttrain.parallel.strategies.fsdp import FSDP
 from disttrain.parallel.strategies.hsdp import HSDP
 from disttrain.parallel.strategies.single import Single
+
+if TYPE_CHECKING:
+    from disttrain.config import ParallelConfig, ResolvedJob
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Single(), DDP(), FSDP(), HSDP())}
 """Every strategy, simplest first (the order a tie in the plan is broken in)."""
@@ -40,6 +47,47 @@ def resolve_name(name: str, world_size: int, tp: int = 1) -> str:
             return "single"
         return "fsdp" if tp > 1 else "ddp"
     return get(name).name
+
+
+def dims_for(
+    name: str, world_size: int, replicate: int = -1, shard: int = -1, local_world_size: int | None = None, tp: int = 1
+) -> ParallelDims:
+    """The degrees strategy ``name`` (not 'auto') with the config's ``replicate`` / ``shard`` (-1: the rest) means
+    over ``world_size`` ranks in data-parallel groups of ``tp``: single/ddp replicate over the ``world / tp``
+    groups, fsdp shards over them, hsdp shards within ``shard`` of them (a node's, by default) and replicates
+    across; a ConfigError naming the degrees and the fix where they do not fit."""
+    check_tp(tp, world_size)
+    dp = world_size // tp
+    chosen = get(get(name).canonical(replicate))
+    local_dp = None if local_world_size is None else max(local_world_size // tp, 1)
+    dp_replicate, dp_shard = chosen.degrees(dp, replicate, shard, local_dp)
+    chosen.check_tp(dp, tp)
+    return ParallelDims(world_size, dp_replicate, dp_shard, tp, fsdp=chosen.shards_parameters)
+
+
+def dims_from_config(
+    parallel: ParallelConfig, world_size: int, local_world_size: int | None = None, strategy: str | None = None
+) -> ParallelDims:
+    """The layout of ``parallel`` over ``world_size`` ranks: ``strategy`` (default: ``parallel.strategy``,
+    'auto' decided without a plan by :func:`resolve_name`) with ``parallel.replicate`` / ``parallel.shard``."""
+    check_tp(parallel.tp, world_size)
+    chosen = resolve_name(strategy or parallel.strategy, world_size // parallel.tp, parallel.tp)
+    return dims_for(chosen, world_size, parallel.replicate, parallel.shard, local_world_size, parallel.tp)
+
+
+def dims_of(job: ResolvedJob) -> ParallelDims:
+    """The layout a resolved job decided: its strategy and degrees as they are (an elastic job at another size,
+    :meth:`~disttrain.config.ResolvedJob.at_world`, has the user's -1s back, filled in here)."""
+    tp = job.config.parallel.tp
+    return dims_for(job.strategy, job.world_size, job.replicate, job.shard, job.nproc, tp)
+
+
+def for_dims(dims: ParallelDims) -> Strategy:
+    """The strategy that carries out ``dims``: HSDP where parameters are sharded and replicated, FSDP where they
+    are sharded, DDP where whole copies are replicated, single otherwise (one data-parallel group)."""
+    if dims.fsdp_enabled:
+        return STRATEGIES["hsdp"] if dims.dp_replicate > 1 else STRATEGIES["fsdp"]
+    return STRATEGIES["ddp"] if dims.dp_replicate > 1 else STRATEGIES["single"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +125,13 @@ COLUMNS: dict[str, PlanColumn] = {
     )
 }
 SHARDED_COLUMNS = tuple(k for k, c in COLUMNS.items() if c.sharded)
+LABELS = {key: column.label for key, column in COLUMNS.items()}
+"""Each plan column's name in tables and messages."""
+
+
+def label(column: str, tp: int = 1) -> str:
+    """A plan column's name, with the tensor-parallel degree when there is one: ``FSDP x tp 2``."""
+    return f"{LABELS[column]} x tp {tp}" if tp > 1 else LABELS[column]
 
 
 def column_for(strategy: str, reshard_after_forward: str, offload: bool) -> PlanColumn:
@@ -93,6 +148,7 @@ def column_for(strategy: str, reshard_after_forward: str, offload: bool) -> Plan
 
 __all__ = [
     "COLUMNS",
+    "LABELS",
     "NAMES",
     "SHARDED",
     "SHARDED_COLUMNS",
@@ -101,6 +157,11 @@ __all__ = [
     "Strategy",
     "WrapSettings",
     "column_for",
+    "dims_for",
+    "dims_from_config",
+    "dims_of",
+    "for_dims",
     "get",
+    "label",
     "resolve_name",
 ]

@@ -22,8 +22,6 @@ from disttrain.config import DTYPES, ParallelConfig, PrecisionConfig
 from disttrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
-
     from disttrain.parallel.mesh import ParallelDims
 
 
@@ -72,22 +70,17 @@ class Strategy:
         """Ranks one copy of the parameters, gradients and optimizer state is spread over (the plan's divisor)."""
         return 1
 
-    def mesh(self, dims: ParallelDims, device_type: str) -> DeviceMesh | None:
-        """The DeviceMesh this strategy shards over (None: it needs none)."""
-        return None
-
-    def mesh_layout(self, dims: ParallelDims) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The data-parallel dimensions of the world mesh (sizes, names); TP is added inside them."""
-        return (dims.dp_size,), ("dp",)
-
     def check_tp(self, dp_size: int, tp: int) -> None:
         """A ConfigError when this strategy cannot run ``dp_size`` data-parallel groups of ``tp`` ranks."""
 
     # -- the model -----------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
-        """``model`` (materialised on ``how.device`` if it is on the meta device) wrapped for this strategy."""
+        """``model`` (materialised on ``how.device`` if it is on the meta device) wrapped for this strategy; with
+        ``how.device`` the meta device, a dry run's: the layout applied, nothing allocated."""
         from disttrain.parallel.meta_init import is_meta, materialize
 
+        if how.device.type == "meta":
+            return model
         if is_meta(model):
             materialize(model, how.device)
         return model.to(how.device)

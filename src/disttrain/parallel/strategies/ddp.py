@@ -10,7 +10,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from disttrain.errors import ConfigError
-from disttrain.parallel.env import init_single_process_group
 from disttrain.parallel.strategies.base import Strategy, WrapSettings
 
 if TYPE_CHECKING:
@@ -28,11 +27,9 @@ class DDP(Strategy):
             )
 
     def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
-        model = super().wrap(model, dims, how)
-        if dims.tp > 1:
-            return model  # one data-parallel group (check_tp): nothing to all-reduce
-        if dims.world_size == 1:
-            init_single_process_group(how.device.type)  # DDP over one process still needs a group
+        model = super().wrap(model, dims, how)  # dims.dp_replicate > 1 ranks, no other dimension (ParallelDims)
+        if how.device.type == "meta":
+            return model  # a dry run: every replica holds the whole model, as it is
         return DistributedDataParallel(
             model,
             device_ids=[how.device.index] if how.device.type == "cuda" else None,

@@ -8,10 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from disttrain.errors import ConfigError
-from disttrain.parallel.env import init_single_process_group
 from disttrain.parallel.strategies.base import Strategy, WrapSettings
 
 if TYPE_CHECKING:
@@ -37,11 +35,6 @@ class FSDP(Strategy):
     def state_ranks(self, nproc: int, nnodes: int) -> int:
         return nproc * nnodes
 
-    def mesh(self, dims: ParallelDims, device_type: str) -> DeviceMesh:
-        if dims.world_size == 1:
-            init_single_process_group(device_type)  # FSDP on one device (e.g. to offload to host memory)
-        return init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=("dp",))
-
     def wrap(self, model: nn.Module, dims: ParallelDims, how: WrapSettings) -> nn.Module:
         from disttrain.parallel.fsdp import apply_fsdp
         from disttrain.parallel.meta_init import is_meta, materialize
@@ -49,7 +42,7 @@ class FSDP(Strategy):
         parallel, device = how.parallel, how.device
         apply_fsdp(
             model,
-            dims.mesh(device.type),
+            dims.fsdp_mesh(device.type),
             param_dtype=how.precision.dtype,
             reduce_dtype=how.precision.reduce_dtype,
             shard_modules=parallel.shard_modules,
@@ -61,6 +54,8 @@ class FSDP(Strategy):
             offload=parallel.offload,
         )
         home = torch.device("cpu") if parallel.offload else device  # offloaded shards live in host memory
+        if device.type == "meta":
+            return model  # a dry run: the shards' shapes, nothing allocated
         if is_meta(model):
             materialize(model, home)
         else:

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
 from disttrain.errors import ConfigError
-from disttrain.parallel.env import init_single_process_group
 from disttrain.parallel.strategies.fsdp import FSDP
-
-if TYPE_CHECKING:
-    from disttrain.parallel.mesh import ParallelDims
 
 
 class HSDP(FSDP):
@@ -42,11 +34,3 @@ class HSDP(FSDP):
 
     def state_ranks(self, nproc: int, nnodes: int) -> int:
         return nproc  # sharded within a node, replicated across nodes
-
-    def mesh_layout(self, dims: ParallelDims) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        return (dims.replicate, dims.shard), ("replicate", "shard")
-
-    def mesh(self, dims: ParallelDims, device_type: str) -> DeviceMesh:
-        if dims.world_size == 1:
-            init_single_process_group(device_type)
-        return init_device_mesh(device_type, (dims.replicate, dims.shard), mesh_dim_names=("replicate", "shard"))
