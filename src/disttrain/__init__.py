@@ -26,8 +26,8 @@ _WHERE = {
     "DistEnv": "disttrain.parallel.env",
     "init_distributed": "disttrain.parallel.env",
     "ParallelDims": "disttrain.parallel.mesh",
-    "Parallelized": "disttrain.parallel.strategy",
-    "parallelize": "disttrain.parallel.strategy",
+    "Parallelized": "disttrain.parallel.parallelize",
+    "parallelize": "disttrain.parallel.parallelize",
     "FitResult": "disttrain.train.trainer",
     "Trainer": "disttrain.train.trainer",
 }
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     )
     from disttrain.parallel.env import DistEnv, init_distributed
     from disttrain.parallel.mesh import ParallelDims
-    from disttrain.parallel.strategy import Parallelized, parallelize
+    from disttrain.parallel.parallelize import Parallelized, parallelize
     from disttrain.train.trainer import FitResult, Trainer
 
 

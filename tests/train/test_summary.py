@@ -15,8 +15,8 @@ from torch.distributed.tensor import DTensor
 from disttrain.config import ParallelConfig
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.env import destroy_distributed
+from disttrain.parallel.parallelize import parallelize
 from disttrain.parallel.strategies import dims_for
-from disttrain.parallel.strategy import parallelize
 from disttrain.train.summary import ROOT, ModelSummary, ModuleRow, ShardUnit, model_summary, render, summarize
 
 pytestmark = pytest.mark.timeout(120)

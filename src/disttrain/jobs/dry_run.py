@@ -3,7 +3,7 @@
 The world (``parallel.nproc`` x ``launch.nnodes`` ranks) is made of torch's fake process-group backend: one
 process stands for rank ``--dry-run-rank`` (every collective returns at once, moving nothing). The plan decides
 the strategy as ``disttrain run`` would; the model is built on the meta device and goes through the same
-:func:`~disttrain.parallel.strategy.parallelize` as a real job (TP, activation checkpointing, FSDP/HSDP), so what
+:func:`~disttrain.parallel.parallelize.parallelize` as a real job (TP, activation checkpointing, FSDP/HSDP), so what
 is printed are the shards that rank would really hold: parameter, gradient and optimizer bytes, what each mesh
 dimension splits, the collectives of one step (the FSDP units and TP layers as built, the calls and bytes as
 planned), and whether the plan's per-rank figures agree with the shapes produced.
@@ -26,7 +26,7 @@ from disttrain.config import JobConfig
 from disttrain.errors import ConfigError
 from disttrain.parallel import strategies
 from disttrain.parallel.mesh import ParallelDims, check_tp
-from disttrain.parallel.strategy import parallelize
+from disttrain.parallel.parallelize import parallelize
 from disttrain.plan.choose import decide
 from disttrain.plan.estimate import Layout, StrategyPlan, plan_job, resolve_device_memory, resolved_precision
 from disttrain.plan.estimate import target_device as plan_device

@@ -67,8 +67,8 @@ def _probe_step(blocks_per_unit: int) -> tuple[Any, Any, torch.Tensor, torch.Ten
     from disttrain.config import from_dict
     from disttrain.models.gpt import GPT, GPTConfig
     from disttrain.parallel.env import resolve_precision
+    from disttrain.parallel.parallelize import parallelize
     from disttrain.parallel.strategies import dims_from_config
-    from disttrain.parallel.strategy import parallelize
     from disttrain.train.optim import build_optimizer
 
     cfg = from_dict({"parallel": {"device": "cpu", "strategy": "fsdp", "blocks_per_unit": blocks_per_unit}})

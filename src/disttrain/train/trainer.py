@@ -38,8 +38,8 @@ from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor, set_collective_timeout
 from disttrain.health.signals import PREEMPT
 from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
+from disttrain.parallel.parallelize import Parallelized, parallelize
 from disttrain.parallel.strategies import dims_of
-from disttrain.parallel.strategy import Parallelized, parallelize
 from disttrain.parallel.tp import local_value
 from disttrain.plan.choose import resolve_here
 from disttrain.plan.machine import cached_peak_tflops

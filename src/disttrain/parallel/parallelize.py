@@ -1,5 +1,7 @@
-"""Apply a strategy (single | ddp | fsdp | hsdp), with tensor parallelism inside it when ``parallel.tp`` > 1, to a
-model: the one place a model becomes distributed.
+"""``parallelize``, the public API: a layout (:class:`~disttrain.parallel.mesh.ParallelDims`) applied to a model,
+the one place a model becomes distributed, in one order (torchtitan's): tensor parallelism on each block, then
+activation checkpointing, then compile, then the data-parallel strategy (FSDP2 / HSDP / DDP, the objects in
+:mod:`disttrain.parallel.strategies`). A new dimension is one step in that order (a pipeline split first).
 
 :func:`parallelize` returns a :class:`Parallelized` that the training loop (yours or ours) uses
 without knowing which strategy is underneath: ``sync(last)`` controls gradient sync during
