@@ -207,6 +207,7 @@ def test_tp_pick_says_when_tp_helps_and_why() -> None:
 @pytest.mark.slow
 def test_estimate_names_a_tp_layout_when_nothing_else_fits() -> None:
     args = ("estimate", "--parallel.nproc", "4", "--parallel.device", "cpu", "--parallel.device-memory", "250MiB")
+    args += ("--precision.dtype", "bf16")  # the same plan on every machine (auto follows the hardware)
     p = disttrain(*args, "--explain", timeout=120)
     assert p.returncode == 0, p.stderr
     assert "recommended: fsdp — tp 2: nothing fits without tensor parallelism, and FSDP x tp 2 fits" in p.stdout
@@ -224,7 +225,7 @@ def test_run_resolves_auto_to_tensor_parallelism_when_nothing_else_fits() -> Non
     from disttrain.plan.choose import decide
     from disttrain.plan.estimate import plan_job
 
-    cfg = from_dict({"parallel": {"device": "cpu"}})
+    cfg = from_dict({"parallel": {"device": "cpu"}, "precision": {"dtype": "bf16"}})  # auto follows the hardware
     est = plan_job(cfg, Layout(4, 1, 250 * 2**20), cross_entropy)
     assert est.layout.tp == 2 and est.choice == "fsdp" and est.reason.startswith("tp 2: nothing fits")
     assert [o.tp for o in est.tp_options] == [1, 2] and not est.tp_options[0].fits

@@ -193,3 +193,11 @@ def test_the_rpc_link_is_the_slowest_payload_rate_beyond_the_round_trip() -> Non
     assert fit.latency_s == 1e-3 and fit.bandwidth_Bps == pytest.approx(2e6)  # the burst of a small payload
     with pytest.raises(ValueError, match="round trip"):
         fit_rpc_link({"ping_s": 1.0, "points": [(65536, 0.5)]})
+
+
+def test_a_round_trip_slowed_by_a_busy_machine_is_bounded_by_the_fastest_call() -> None:
+    # figures doctor read under the load harness: the empty call was slower than every payload call
+    pts = [(65536, 0.002480901001035818), (262144, 0.003583379000701825), (1048576, 0.005358317999707651)]
+    fit = fit_rpc_link({"ping_s": 0.008854403499753971, "points": pts})
+    assert fit.latency_s == pts[0][1]
+    assert fit.bandwidth_Bps == pytest.approx(262144 / (pts[1][1] - pts[0][1]))

@@ -244,8 +244,9 @@ def fit_rpc_link(figures: dict[str, Any]) -> LinkFit:
     way): ``latency_s`` is a small call's round trip, ``bandwidth_Bps`` the one-way rate of the payload beyond
     it (``t = ping + bytes / bandwidth``, each point's own rate, the slowest taken: a rate-limited link's
     first bytes pass in a burst). Kept under ``rpc`` (within a node) or ``rpc_inter`` (across nodes)."""
-    ping = float(figures["ping_s"])
     pts = [(int(b), float(t)) for b, t in figures["points"]]
+    # a round trip slower than a call that carried a payload was a busy machine's hiccup: the fastest call bounds it
+    ping = min([float(figures["ping_s"])] + [t for _, t in pts])
     rates = [b / (t - ping) for b, t in pts if t > ping]
     if not rates:
         raise ValueError(f"fit_rpc_link: no payload took longer than the round trip ({ping} s) in {pts!r}")

@@ -80,17 +80,25 @@ def _rate(device: torch.device, dtype: torch.dtype, n: int, seconds: float) -> f
 
 def _calls_per_second(fn: Callable[[], None], device: torch.device, seconds: float) -> float:
     """How often ``fn`` runs per second on ``device``: one warm-up call, then calls for at least ``seconds``
-    (at least one), the GPU synchronized around each."""
+    (at least one), the GPU synchronized around each. On a CPU the clock is the process's CPU time over its
+    thread count: what the cores can do, not how much of them a busy machine left this process (on a machine
+    with other work the wall clock read 1000x slow and every plan then tied)."""
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    iters, t0 = 0, time.perf_counter()
-    while iters == 0 or time.perf_counter() - t0 < seconds:
+    clock = time.perf_counter if device.type != "cpu" else _cpu_clock(torch.get_num_threads())
+    iters, t0, wall0 = 0, clock(), time.perf_counter()
+    while iters == 0 or (clock() - t0 < seconds and time.perf_counter() - wall0 < 10 * seconds + 0.5):
         fn()
         iters += 1
         if device.type == "cuda":
             torch.cuda.synchronize()
-    return iters / (time.perf_counter() - t0)
+    return iters / max(clock() - t0, 1e-9)
+
+
+def _cpu_clock(threads: int) -> Callable[[], float]:
+    """Seconds of this process's CPU time per compute thread."""
+    return lambda: time.process_time() / threads
 
 
 def peak_tflops(device: torch.device, dtype: torch.dtype, override: float | None = None) -> tuple[float, str]:
