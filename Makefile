@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup run test test-quick lint bench clean
+.PHONY: setup run test test-quick lint bench bench-quick clean
 
 # What the default job needs: the venv, torch (CPU build pinned for machines without GPUs, unless a torch is
 # already in the venv), then the project itself, editable.
@@ -50,9 +50,14 @@ test: lint
 test-quick: $(TEST_STAMP)
 	$(BIN)/pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
-# The benchmarks are a package: each runs as a module from the repository root.
+# The benchmarks are a package: each runs as a module from the repository root. `bench` is the full tier (the
+# figures of docs/performance.md); `bench-quick` runs each with small options (--quick) to prove it still runs, in
+# under 10 minutes on a quiet 2-core machine (its results: benchmarks/results/NAME_quick.json).
 bench: $(TEST_STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python -m benchmarks.$$(basename $$b .py) || exit 1; done
+
+bench-quick: $(TEST_STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python -m benchmarks.$$(basename $$b .py) --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

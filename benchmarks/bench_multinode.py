@@ -1,26 +1,21 @@
 """Two hosts over a rate-limited link: tokens/s and the bytes that cross the node boundary per step for HSDP,
 FSDP and DDP, and the time from a node's death to the one-line error on the other node.
 
-Two Linux network namespaces joined by a veth pair stand for two hosts (``disttrain.testing.netns``: needs root
-and iproute2); each runs its own ``disttrain run`` launcher with 2 ranks (4 ranks in all, rendezvous on host
-A). Both ends of the link are limited to 1 Gbit/s with ``tc`` (netem ``delay 0.2ms rate 1gbit``, or tbf at
-the same rate and no added delay where the kernel has no netem); a 32 MiB TCP transfer checks the limit.
-Every strategy trains the same GPT (4 blocks, width 256, context 64, fp32) with the same global batch.
+Two network namespaces joined by a veth pair stand for two hosts (``disttrain.testing.netns``: root and
+iproute2), each running its own ``disttrain run`` launcher with 2 ranks (4 in all, rendezvous on host A), both
+ends of the link limited to ``--rate`` by ``tc`` (netem ``delay 0.2ms rate R``, or tbf where the kernel has no
+netem). Every strategy trains the same GPT (4 x 256, context 64, fp32) with the same global batch:
 
-- tokens/s: from the run's ``metrics.jsonl`` (one record per step), steps after the warm-up only;
-- bytes across the boundary: host A's veth counters (tx + rx), sampled every 10 ms by a process inside host
-  A and read at the times of the records of the first and last measured step, so start-up, the final
-  evaluation and the final save are left out (the last column: the whole job's bytes / steps);
-- death to error: on a fresh pair of hosts without the limit, an HSDP job (``--parallel.timeout-s 20``,
-  a checkpoint every 4 steps) loses host B (every process SIGKILLed) at step 6; we time host A's launcher
-  until it exits and check its stderr says "lost contact with".
+- tokens/s from the run's ``metrics.jsonl``, the steps after the warm-up;
+- bytes across the boundary: host A's veth counters (tx + rx), sampled every 10 ms inside host A and read at the
+  times of the first and last measured steps' records (start-up and the end of the job left out);
+- death to error: an HSDP job loses host B (every process SIGKILLed) at step 6; host A's launcher is timed until
+  it exits, and its stderr must say "lost contact with".
 
-All 4 ranks share this machine's cores, so sharding's own work (collectives inside a node) weighs more than it
-would on real hosts; the bytes across the link do not depend on that.
+All 4 ranks share this machine's cores, so sharding's own work weighs more than on real hosts; the bytes across
+the link do not depend on that.
 
-    .venv/bin/python -m benchmarks.bench_multinode [--steps 30] [--repeats 1] [--rate 1gbit]  # as root
-
-(the figures in docs/performance.md: ``--repeats 2``, about 5 minutes on 2 cores).
+    .venv/bin/python -m benchmarks.bench_multinode [--steps 30] [--rounds 1] [--rate 1gbit]  # as root
 """
 
 from __future__ import annotations
@@ -38,14 +33,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _common as C
+from benchmarks import harness as H
 from disttrain.testing.launch import DISTTRAIN, child_env, pids_mentioning
 from disttrain.testing.netns import Host, two_hosts, why_not
 from disttrain.testing.tiny import write_small_text
 
 PORT = 29_571
-STRATEGIES = ("hsdp", "fsdp", "ddp")
 WARMUP = 5  # steps left out of every figure
+OPTIONS = {
+    "steps": (30, f"optimizer steps per job (the first {WARMUP} are warm-up)"),
+    "rounds": (1, "jobs per strategy (order rotated; medians)"),
+    "rate": ("1gbit", "tc rate of each direction of the link"),
+    "strategies": ("hsdp,fsdp,ddp", "comma-separated"),
+    "no_death": (False, "skip the node-death measurement"),
+}
+QUICK = {"steps": 8}
 THEORY = (
     "theory (rings, 2 ranks per node, both directions together): DDP's all-reduce over 4 ranks ~3x the model's "
     "bytes, HSDP's all-reduce of half-shards between the nodes ~2x, FSDP's 2 all-gathers + 1 reduce-scatter ~4.5x"
@@ -58,107 +60,39 @@ with open(sys.argv[2], "w", buffering=1) as out:
         out.write(f"{time.time()} {open(tx).read().strip()} {open(rx).read().strip()}\\n")
         time.sleep(0.01)
 """
-RECEIVER = """
-import socket, sys, time
-s = socket.create_server((sys.argv[1], int(sys.argv[2])))
-c, _ = s.accept()
-n, t0 = 0, None
-while chunk := c.recv(1 << 20):
-    t0 = t0 or time.perf_counter()
-    n += len(chunk)
-print(n, time.perf_counter() - t0)
-"""
-SENDER = """
-import socket, sys, time
-for _ in range(100):
-    try:
-        c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-        break
-    except OSError:
-        time.sleep(0.05)
-c.sendall(bytes(int(sys.argv[3])))
-c.close()
-"""
 
 
 # -- the link -----------------------------------------------------------------------------------------
-def sh(*cmd: str) -> str:
+def sh(*cmd: str, check: bool = True) -> str | None:
+    """``cmd``'s output; when it fails, RuntimeError (or None, without ``check``)."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
+    if proc.returncode != 0 and check:
         raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
-    return proc.stdout
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def limit_link(hosts: tuple[Host, Host], rate: str) -> str:
     """Limit both veth ends (each end's egress) to ``rate``; return the qdisc used."""
     qdisc = ["netem", "delay", "0.2ms", "rate", rate]
     for h in hosts:
-        try:
-            sh(*h.cmd("tc", "qdisc", "add", "dev", h.veth, "root", *qdisc))
-        except RuntimeError as e:
-            if "unknown" not in str(e) or qdisc[0] != "netem":
-                raise
+        if sh(*h.cmd("tc", "qdisc", "add", "dev", h.veth, "root", *qdisc), check=False) is None:
             print("no netem in this kernel: tbf at the same rate, no added delay", flush=True)
             qdisc = ["tbf", "rate", rate, "burst", "256kb", "latency", "20ms"]
-            sh(*h.cmd("tc", "qdisc", "add", "dev", h.veth, "root", *qdisc))
-    shown = [sh(*h.cmd("tc", "qdisc", "show", "dev", h.veth)).strip() for h in hosts]
+            sh(*h.cmd("tc", "qdisc", "replace", "dev", h.veth, "root", *qdisc))
+    shown = [(sh(*h.cmd("tc", "qdisc", "show", "dev", h.veth)) or "").strip() for h in hosts]
     if not all(qdisc[0] in s and "rate" in s for s in shown):
         raise RuntimeError(f"the rate limit did not take: {shown}")
     print("link:\n  " + "\n  ".join(shown), flush=True)
     return " ".join(qdisc)
 
 
-def transfer_gbit(a: Host, b: Host, port: int, nbytes: int = 32 << 20) -> float:
-    """Gbit/s of one TCP stream from host B to host A."""
-    py = sys.executable
-    recv = subprocess.Popen(a.cmd(py, "-c", RECEIVER, a.addr, str(port)), stdout=subprocess.PIPE, text=True)
-    subprocess.run(b.cmd(py, "-c", SENDER, a.addr, str(port), str(nbytes)), check=True, timeout=60)
-    n, secs = recv.communicate(timeout=60)[0].split()
-    return int(n) * 8 / float(secs) / 1e9
-
-
 # -- one job on two hosts -----------------------------------------------------------------------------
 def job_args(data: Path, root: Path, name: str, strategy: str, steps: int, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--data.path",
-        str(data),
-        "--model.n-layers",
-        "4",
-        "--model.d-model",
-        "256",
-        "--model.n-heads",
-        "4",
-        "--model.context",
-        "64",
-        "--precision.dtype",
-        "fp32",
-        "--train.global-batch",
-        "16",
-        "--train.micro-batch",
-        "4",
-        "--train.steps",
-        str(steps),
-        "--train.eval-interval",
-        "0",
-        "--train.generate-chars",
-        "0",
-        "--metrics.progress",
-        "off",
-        "--metrics.log-interval",
-        "1",
-        "--metrics.peak-tflops",
-        "1",
-        "--checkpoint.interval",
-        "0",
-        "--parallel.strategy",
-        strategy,
-        "--run.root",
-        str(root),
-        "--run.name",
-        name,
-        *extra,
-    ]
+    model = "--model.n-layers 4 --model.d-model 256 --model.n-heads 4 --model.context 64 --precision.dtype fp32"
+    train = f"--train.global-batch 16 --train.micro-batch 4 --train.steps {steps} --train.eval-interval 0"
+    quiet = "--train.generate-chars 0 --metrics.progress off --metrics.log-interval 1 --metrics.peak-tflops 1"
+    job = f"--checkpoint.interval 0 --parallel.strategy {strategy} --run.root {root} --run.name {name}"
+    return ["run", "--data.path", str(data), *f"{model} {train} {quiet} {job}".split(), *extra]
 
 
 def launch(a: Host, b: Host, args: list[str], port: int, logs: Path) -> list[subprocess.Popen[str]]:
@@ -185,12 +119,6 @@ def finish(procs: list[subprocess.Popen[str]], hosts: tuple[Host, Host], timeout
         raise
 
 
-def veth_bytes(host: Host) -> int:
-    """tx + rx bytes of the host's end of the link so far."""
-    paths = [f"/sys/class/net/{host.veth}/statistics/{k}_bytes" for k in ("tx", "rx")]
-    return sum(int(x) for x in sh(*host.cmd("cat", *paths)).split())
-
-
 def bytes_at(samples: list[tuple[float, int]], t: float) -> float:
     """Counter value at time ``t``, linear between the two samples around it."""
     for (t0, b0), (t1, b1) in itertools.pairwise(samples):
@@ -203,34 +131,24 @@ def measure(a: Host, b: Host, tmp: Path, data: Path, strategy: str, steps: int, 
     name = f"{strategy}-{port}"
     run, trace = tmp / name, tmp / f"{name}.veth"
     sampler = subprocess.Popen(a.cmd(sys.executable, "-c", SAMPLER, a.veth, str(trace)))
-    before, t0 = veth_bytes(a), time.monotonic()
+    t0 = time.monotonic()
     try:
         codes = finish(launch(a, b, job_args(data, tmp, name, strategy, steps), port, tmp / name), (a, b), 900)
     finally:
         sampler.kill()
         sampler.wait()
-    wall, whole = time.monotonic() - t0, veth_bytes(a) - before
     if codes != [0, 0]:
         err = [(tmp / f"{name}.{h.ns}.err").read_text()[-3000:] for h in (a, b)]
         raise SystemExit(f"{strategy} job failed (exit codes {codes}):\n" + "\n---\n".join(err))
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    when = {r["step"]: r["time"] for r in recs if "loss" in r}
+    when = {r["step"]: r["time"] for r in H.records(run / "metrics.jsonl") if "loss" in r}
     first, last = WARMUP, max(when)
     samples = [(float(t), int(tx) + int(rx)) for t, tx, rx in (x.split() for x in trace.read_text().splitlines())]
     moved = bytes_at(samples, when[last]) - bytes_at(samples, when[first])
-    tokens = 16 * 64 * (last - first)
     plan = json.loads((run / "strategy.json").read_text())
-    return {
-        "strategy": strategy,
-        "resolved": plan["strategy"],
-        "n_params": plan["plan"]["n_params"],
-        "steps_measured": [first, last],
-        "tokens_per_s": tokens / (when[last] - when[first]),
-        "step_s": (when[last] - when[first]) / (last - first),
+    return {"strategy": strategy, "resolved": plan["strategy"], "n_params": plan["plan"]["n_params"]} | {
+        "tokens_per_s": 16 * 64 * (last - first) / (when[last] - when[first]),
         "bytes_per_step": moved / (last - first),
-        "whole_job_bytes": whole,
-        "whole_job_bytes_per_step": whole / steps,
-        "wall_s": wall,
+        "wall_s": time.monotonic() - t0,
     }
 
 
@@ -276,43 +194,28 @@ def death_to_error(tmp: Path, data: Path, port: int) -> dict[str, Any]:
 
 
 # -- the benchmark ------------------------------------------------------------------------------------
-def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps per job (the first 5 are warm-up)")
-    p.add_argument("--repeats", type=int, default=1, help="jobs per strategy (order rotated; medians)")
-    p.add_argument("--rate", default="1gbit", help="tc rate of each direction of the link")
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
-    p.add_argument("--no-death", action="store_true", help="skip the node-death measurement")
-    args = p.parse_args(argv)
+def on_two_hosts(args: argparse.Namespace, tmp: Path, data: Path) -> tuple[list[dict[str, Any]], str]:
+    """Every strategy's job ``--rounds`` times (order rotating) on two hosts joined by the limited link."""
+    with two_hosts() as (a, b):
+        link = limit_link((a, b), args.rate)
+        ports = itertools.count(PORT + 1)
+        strategies = {
+            s: lambda s=s: measure(a, b, tmp, data, s, args.steps, next(ports)) for s in args.strategies.split(",")
+        }
+        runs = H.side_by_side(strategies, args.rounds)
+    return [r for rs in runs.values() for r in rs], link
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if (reason := why_not()) is not None:
         raise SystemExit(f"cannot make two hosts here: {reason}")
     if args.steps <= WARMUP + 2:
         raise SystemExit(f"--steps must be more than {WARMUP + 2} (the first {WARMUP} are warm-up)")
-    strategies = args.strategies.split(",")
-    C.print_machine()
-    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="disttrain-multinode-") as tmp_name:
         tmp = Path(tmp_name)
-        data = tmp / "corpus.txt"
-        write_small_text(data, 200_000)
+        data = write_small_text(tmp / "corpus.txt", 200_000)
         try:
-            with two_hosts() as (a, b):
-                free = transfer_gbit(a, b, PORT - 1)
-                kind = limit_link((a, b), args.rate)
-                limited = transfer_gbit(a, b, PORT - 2)
-                print(f"one TCP stream B -> A: {free:.2f} Gbit/s without the limit, {limited:.2f} with", flush=True)
-                port = PORT
-                for r in range(args.repeats):
-                    k = r % len(strategies)
-                    for s in strategies[k:] + strategies[:k]:
-                        port += 1
-                        runs.append(measure(a, b, tmp, data, s, args.steps, port))
-                        x = runs[-1]
-                        print(
-                            f"{s}: {x['tokens_per_s']:,.0f} tokens/s, {x['bytes_per_step'] / 1e6:.1f} MB/step "
-                            f"across the link, job {x['wall_s']:.0f} s",
-                            flush=True,
-                        )
+            runs, link = on_two_hosts(args, tmp, data)
             death = None if args.no_death else death_to_error(tmp, data, PORT + 100)
         finally:
             left = pids_mentioning(tmp)
@@ -321,77 +224,34 @@ def main(argv: list[str]) -> None:
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-    report(runs, strategies, args, kind, free, limited, death, left)
+    return report(runs, args, death) | {"link": link, "left_behind": left, "runs": runs}
 
 
-def report(
-    runs: list[dict[str, Any]],
-    strategies: list[str],
-    args: argparse.Namespace,
-    kind: str,
-    free: float,
-    limited: float,
-    death: dict[str, Any] | None,
-    left: list[int],
-) -> None:
+def report(runs: list[dict[str, Any]], args: argparse.Namespace, death: dict[str, Any] | None) -> dict[str, Any]:
+    strategies = args.strategies.split(",")
     med = {
-        s: {
-            k: C.median([r[k] for r in runs if r["strategy"] == s])
-            for k in ("tokens_per_s", "bytes_per_step", "whole_job_bytes_per_step")
-        }
+        s: {k: H.median([r[k] for r in runs if r["strategy"] == s]) for k in ("tokens_per_s", "bytes_per_step")}
         for s in strategies
     }
     ref = med.get("ddp") or med[strategies[-1]]
-    n_params = runs[0]["n_params"]
-    model_mb = n_params * 4 / 1e6
     rows = [
-        [
-            s,
-            med[s]["tokens_per_s"],
-            med[s]["tokens_per_s"] / ref["tokens_per_s"],
-            med[s]["bytes_per_step"] / 1e6,
-            med[s]["bytes_per_step"] / ref["bytes_per_step"],
-            med[s]["whole_job_bytes_per_step"] / 1e6,
-        ]
-        for s in strategies
+        {"strategy": s, "tokens/s": m["tokens_per_s"], "ratio to DDP": m["tokens_per_s"] / ref["tokens_per_s"]}
+        | {"MB across the node boundary / step": m["bytes_per_step"] / 1e6}
+        | {"ratio to DDP ": m["bytes_per_step"] / ref["bytes_per_step"]}
+        for s, m in med.items()
     ]
-    head = [
-        "strategy",
-        "tokens/s",
-        "ratio to DDP",
-        "MB across the node boundary / step",
-        "ratio to DDP",
-        "whole job's MB / step",
-    ]
-    title = (
-        f"2 hosts x 2 ranks, link {args.rate} each way; GPT {n_params:,} params = {model_mb:.2f} MB fp32; "
-        f"global batch 16 x 64 tokens; steps {WARMUP}-{args.steps} of {args.steps}, median of {args.repeats}"
+    n_params = runs[0]["n_params"]
+    H.table(
+        rows,
+        f"2 hosts x 2 ranks, link {args.rate} each way; GPT {n_params:,} params = {n_params * 4 / 1e6:.2f} MB fp32; "
+        f"global batch 16 x 64 tokens; steps {WARMUP}-{args.steps} of {args.steps}, median of {args.rounds}",
     )
-    C.table(head, rows, title=title)
-    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for row in rows:
-        print(f"| {row[0]} | {row[1]:,.0f} | {row[2]:.2f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.1f} |")
     print(THEORY, flush=True)
     if death is not None:
-        print(
-            f"node death -> error on host A: {death['seconds']:.1f} s, exit code {death['exit_code']}, "
-            f"'lost contact with' in stderr: {death['lost_contact']}\n  {death['line']}",
-            flush=True,
-        )
-    C.write_results(
-        "bench_multinode",
-        {
-            "link": kind,
-            "tcp_gbit_free": free,
-            "tcp_gbit_limited": limited,
-            "n_params": n_params,
-            "medians": med,
-            "runs": runs,
-            "death": death,
-            "left_behind": left,
-        },
-    )
+        print(f"node death -> error on host A: {death['seconds']:.1f} s, exit code {death['exit_code']}, ", end="")
+        print(f"'lost contact with' in stderr: {death['lost_contact']}\n  {death['line']}", flush=True)
+    return {"rows": rows, "n_params": n_params, "death": death}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    H.main(__file__, __doc__, OPTIONS, QUICK, run)

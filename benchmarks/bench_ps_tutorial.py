@@ -1,34 +1,19 @@
 """``disttrain ps`` against the pattern of PyTorch's RPC parameter-server tutorial, same model, data and threads.
 
-The baseline follows https://pytorch.org/tutorials/intermediate/rpc_param_server_tutorial.html (and the
-embedding-on-a-server half of "Combining Distributed DataParallel with Distributed RPC Framework"): ONE
-server process holds the whole model in an ``nn.Module``: every embedding table as a plain dense
-``nn.Embedding`` (``sparse=False``, rows drawn with std 0.01 as disttrain's are) and disttrain's own
-``DenseArch`` (initialised from ``torch.manual_seed(seed)``, as disttrain's trainers do). Each trainer gets an
-RRef to it through ``rpc.remote`` (the tutorial's lock-guarded singleton), and per step, inside
-``dist_autograd.context()``: the forward on the server through ``rref.rpc_sync().forward(dense, ids)``, the
-loss here, ``dist_autograd.backward(context_id, [loss])`` (the embedding gradients are dense: every row, every
-step), then ``DistributedOptimizer.step(context_id)``. ``DistributedOptimizer`` takes no parameter groups, so
-there are two: Adagrad lr 0.05 over the tables and Adam lr 0.003 over the MLP (disttrain's optimizers and
-rates). As in the tutorial, each trainer builds its own optimizers (its own optimizer state on the server) and
-applies its own gradient of the mean loss over its 256 samples, unsynchronised with the other trainer.
-The one addition: the tutorial as written fails with two trainers (one's optimizer step changes weights in
-place that the other's backward still needs, pytorch/tutorials#2095), so a gate on the server lets the
-trainers' forward+backward passes run together and their optimizer steps run together (Hogwild, as in the
-tutorial), never one trainer's step inside another's pass: three small calls per step (``TutorialServer.enter``).
+The baseline follows https://pytorch.org/tutorials/intermediate/rpc_param_server_tutorial.html: ONE server process
+holds the whole model (every table a dense ``nn.Embedding``, rows drawn as disttrain's are, and disttrain's
+``DenseArch``); each trainer gets an RRef to it and per step, inside ``dist_autograd.context()``, runs the
+forward on the server, the loss here, ``dist_autograd.backward`` (dense embedding gradients: every row, every
+step) and ``DistributedOptimizer.step`` (Adagrad over the tables, Adam over the MLP, disttrain's rates), each
+trainer with its own optimizers, unsynchronised (Hogwild). One addition: the tutorial as written fails with two
+trainers (pytorch/tutorials#2095), so a gate on the server lets the trainers' passes run together and their
+optimizer steps run together, never one inside the other (:meth:`TutorialServer.enter`).
 
-Both systems see the same samples: the global batch of ``batch x trainers`` per step comes from the generator
-seeded ``seed * 100_003 + step`` and is split by trainer rank (``PSTrainer.my_batch``). One intra-op thread
-per process (server and trainers alike).
-
-Throughput: the baseline's samples/s count the steps after 3 warm-up steps (a barrier on the server starts
-the timed part) over the wall time from then to the last trainer's last step. disttrain's figure is its
-``summary.json`` ``samples_per_s``, which counts every step (warm-up and its final evaluation included), so
-the ratio, if anything, understates disttrain. AUC: after training, trainer 0 scores ``ClickLog.held_out
-(20000, seed)`` with the server's model (disttrain: its final evaluation on the same samples).
-
-Rows: the tutorial pattern (1 server), ``disttrain ps --ps.trainers 2 --ps.servers 1`` (like for like: the tutorial
-has one server) and ``--ps.servers 2``. Goal: disttrain >= 3x the tutorial's samples/s at 2 trainers.
+Both systems see the same samples (each step's global batch from the generator seeded ``seed * 100_003 + step``,
+split by trainer rank); one intra-op thread per process. The baseline's samples/s count the steps after 3
+warm-up steps; disttrain's are its ``summary.json`` ``samples_per_s``, which counts every step, so the ratio, if
+anything, understates disttrain. AUC on ``ClickLog.held_out(20000, seed)``. Rows: the tutorial pattern (1
+server), ``disttrain ps --ps.trainers 2 --ps.servers 1`` and ``--ps.servers 2``. Goal: disttrain >= 3x.
 
     .venv/bin/python -m benchmarks.bench_ps_tutorial [--steps 60] [--tables 100000 50000 10000 1000 500 100]
 """
@@ -39,9 +24,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -52,18 +34,18 @@ from typing import Any
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import DistributedOptimizer
 
-from benchmarks import _common as C
+from benchmarks import harness as H
 from disttrain.ps.clicks import Batch, ClickLog, auc
 from disttrain.ps.model import DenseArch
-from disttrain.testing.launch import DISTTRAIN
 from disttrain.testing.ports import free_port
 
-GOAL = 3.0
+GOAL = H.Goal("samples/s, disttrain ps / the tutorial pattern", 3.0)
+OPTIONS = {"steps": (60, "steps per job"), "tables": ([100_000, 50_000, 10_000, 1_000, 500, 100], "rows of each table")}
+QUICK = {"steps": 6, "tables": [10_000, 1_000, 100]}
 WARMUP = 3
 SERVER = "parameter_server"
 EVAL_CHUNK = 4096
@@ -71,6 +53,8 @@ EVAL_CHUNK = 4096
 
 @dataclasses.dataclass
 class Setup:
+    """The default ``disttrain ps`` job's model, batch, optimizers and evaluation (``disttrain.ps.config``)."""
+
     tables: tuple[int, ...] = (100_000, 50_000, 10_000, 1_000, 500, 100)
     dim: int = 16
     n_dense: int = 13
@@ -92,9 +76,10 @@ class TutorialServer(nn.Module):
         super().__init__()
         torch.manual_seed(s.seed)
         self.dense_arch = DenseArch(s.n_dense, len(s.tables), s.dim, s.hidden)
-        self.tables = nn.ModuleList(nn.Embedding(rows, s.dim, sparse=False) for rows in s.tables)
-        for t in self.tables:
+        tables = [nn.Embedding(rows, s.dim, sparse=False) for rows in s.tables]
+        for t in tables:
             nn.init.normal_(t.weight, std=0.01)
+        self.tables = nn.ModuleList(tables)
         self._lock = threading.Lock()
         self._arrived: dict[str, int] = {}
         self._gate = threading.Condition()
@@ -114,9 +99,8 @@ class TutorialServer(nn.Module):
 
     def enter(self, phase: str) -> None:
         """Trainers in the same phase ("pass": forward to the end of backward; "step": the optimizer steps) run
-        together, the two phases exclude each other. Without this (the tutorial as written) one trainer's step
-        changes, in place, weights another's backward still needs, and that backward fails with more than one
-        trainer (pytorch/tutorials#2095); pytorch/examples#842 runs whole steps one at a time instead, slower."""
+        together, the two phases exclude each other (else one trainer's step changes, in place, weights another's
+        backward still needs; pytorch/examples#842 runs whole steps one at a time instead, slower)."""
         with self._gate:
             self._gate.wait_for(lambda: self._inside == 0 or self._phase == phase)
             self._phase, self._inside = phase, self._inside + 1
@@ -169,17 +153,13 @@ def barrier(server: rpc.RRef, name: str, n: int) -> None:
 
 def evaluate(server: rpc.RRef, log: ClickLog, s: Setup) -> dict[str, float]:
     b = log.held_out(s.eval_samples, s.seed)
-    logits = torch.cat(
-        [
-            server.rpc_sync().predict(b.dense[i : i + EVAL_CHUNK], b.ids[i : i + EVAL_CHUNK])
-            for i in range(0, len(b.label), EVAL_CHUNK)
-        ]
-    )
+    chunks = [slice(i, i + EVAL_CHUNK) for i in range(0, len(b.label), EVAL_CHUNK)]
+    logits = torch.cat([server.rpc_sync().predict(b.dense[c], b.ids[c]) for c in chunks])
     return {"auc": auc(logits, b.label), "ceiling_auc": log.ceiling(b)}
 
 
-def train(rank: int, s: Setup, out: str) -> None:
-    """The tutorial's trainer loop on this trainer's share of every step's batch; its timings to ``out``."""
+def train(rank: int, s: Setup) -> dict[str, Any]:
+    """The tutorial's trainer loop on this trainer's share of every step's batch; its timings (and AUC)."""
     log = ClickLog(list(s.tables), s.n_dense, seed=s.seed)
     server = rpc.remote(SERVER, get_server, args=(s,))
     opts = [
@@ -187,7 +167,7 @@ def train(rank: int, s: Setup, out: str) -> None:
         DistributedOptimizer(torch.optim.Adam, server.rpc_sync().param_rrefs("dense"), lr=s.dense_lr),
     ]
     step_s: list[float] = []
-    first = start = time.monotonic()
+    start = time.monotonic()
     for step in range(s.steps):
         if step == WARMUP:
             barrier(server, "warm", s.trainers)
@@ -206,14 +186,11 @@ def train(rank: int, s: Setup, out: str) -> None:
         step_s.append(time.monotonic() - t)
     end = time.monotonic()
     barrier(server, "done", s.trainers)  # trainer 0 evaluates the model both have trained
-    result: dict[str, Any] = {"first": first, "start": start, "end": end, "step_s": step_s}
-    result["loss"] = float(loss.detach())
-    if rank == 0:
-        result.update(evaluate(server, log, s))
-    (Path(out) / f"trainer{rank}.json").write_text(json.dumps(result))
+    result: dict[str, Any] = {"start": start, "end": end, "step_s": step_s, "loss": float(loss.detach())}
+    return result | (evaluate(server, log, s) if rank == 0 else {})
 
 
-def worker(i: int, s: Setup, port: int, out: str) -> None:
+def worker(i: int, out: str, s: Setup, port: int) -> None:
     """Process ``i``: 0 is the server (it only answers calls), 1.. are the trainers."""
     os.environ["TP_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
@@ -222,119 +199,49 @@ def worker(i: int, s: Setup, port: int, out: str) -> None:
     name = SERVER if i == 0 else f"trainer{i - 1}"
     rpc.init_rpc(name, rank=i, world_size=s.trainers + 1, rpc_backend_options=opts)
     if i > 0:
-        train(i - 1, s, out)
+        (Path(out) / f"{i}.json").write_text(json.dumps(train(i - 1, s)))
     rpc.shutdown()  # waits for every worker
 
 
-def run_tutorial(s: Setup, timeout: float = 900.0) -> dict[str, Any]:
-    """One server + ``s.trainers`` trainers (spawned processes); samples/s after warm-up, AUC, step times."""
+def run_tutorial(s: Setup) -> dict[str, Any]:
+    """One server + ``s.trainers`` trainers (processes of their own); samples/s after warm-up, AUC, step times."""
     os.environ.update(TP_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory(prefix="disttrain-ps-tutorial-") as tmp:
-        ctx = mp.start_processes(
-            worker, args=(s, free_port(), tmp), nprocs=s.trainers + 1, join=False, start_method="spawn"
-        )
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise RuntimeError(f"the tutorial-pattern job did not finish in {timeout:.0f} s")
-        per = [json.loads((Path(tmp) / f"trainer{r}.json").read_text()) for r in range(s.trainers)]
-    end = max(r["end"] for r in per)
-    timed = (s.steps - WARMUP) * s.batch * s.trainers
-    all_steps = s.steps * s.batch * s.trainers / (end - min(r["first"] for r in per))
-    steps = [t for r in per for t in r["step_s"][WARMUP:]]
-    return {
-        "samples_per_s": timed / (end - min(r["start"] for r in per)),
-        "samples_per_s_all_steps": all_steps,
-        "median_step_s": statistics.median(steps),
-        "auc": per[0]["auc"],
-        "ceiling_auc": per[0]["ceiling_auc"],
-        "per_trainer": per,
+    per = H.spawn(worker, s.trainers + 1, s, free_port())[1:]
+    seconds = max(r["end"] for r in per) - min(r["start"] for r in per)
+    median_step = H.median([t for r in per for t in r["step_s"][WARMUP:]])
+    return {"samples_per_s": (s.steps - WARMUP) * s.batch * s.trainers / seconds, "median_step_s": median_step} | {
+        k: per[0][k] for k in ("auc", "ceiling_auc")
     }
 
 
 # -- disttrain ps, the real command ---------------------------------------------------------------------
 def run_disttrain(s: Setup, servers: int, tmp: Path) -> dict[str, Any]:
-    name = f"s{servers}"
-    args = [
-        "--ps.trainers",
-        str(s.trainers),
-        "--ps.servers",
-        str(servers),
-        "--train.steps",
-        str(s.steps),
-        "--train.eval-interval",
-        "0",
-        "--train.eval-samples",
-        str(s.eval_samples),
-        "--ps.tables",
-        *map(str, s.tables),
-        "--ps.dim",
-        str(s.dim),
-        "--ps.n-dense",
-        str(s.n_dense),
-        "--ps.hidden",
-        str(s.hidden),
-        "--train.batch",
-        str(s.batch),
-        "--ps.lr",
-        str(s.lr),
-        "--ps.dense-lr",
-        str(s.dense_lr),
-        "--train.seed",
-        str(s.seed),
-    ]
-    cmd = [str(DISTTRAIN), "ps", *args, "--run.root", str(tmp), "--run.name", name]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"disttrain ps --ps.servers {servers} failed: {proc.stderr[-2000:]}")
-    return json.loads((tmp / name / "summary.json").read_text())
+    """``disttrain ps`` with ``servers`` servers: its defaults are the model, batch and optimizers of :class:`Setup`."""
+    job = f"--ps.trainers {s.trainers} --ps.servers {servers} --train.steps {s.steps} --train.eval-interval 0"
+    args = [*job.split(), "--ps.tables", *map(str, s.tables)]
+    H.disttrain("ps", *args, root=tmp, name=f"s{servers}", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return H.summary(tmp / f"s{servers}")
 
 
-def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--tables", type=int, nargs="+", default=list(Setup.tables), help="rows of each table")
-    args = p.parse_args(argv)
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.steps <= WARMUP:
         raise SystemExit(f"--steps must be above the {WARMUP} warm-up steps")
     s = Setup(steps=args.steps, tables=tuple(args.tables))
-    C.print_machine()
-    t0 = time.monotonic()
     tutorial = run_tutorial(s)
     with tempfile.TemporaryDirectory(prefix="disttrain-ps-") as tmp:
         ours = {n: run_disttrain(s, n, Path(tmp)) for n in (1, 2)}
     base = tutorial["samples_per_s"]
-    rows: list[list[Any]] = [["tutorial pattern (1 server)", base, 1.0, tutorial["auc"], "", ""]]
+    rows = [{"system": "tutorial pattern (1 server)", "samples/s": base, "x tutorial": 1.0, "AUC": tutorial["auc"]}]
     for n, r in ours.items():
-        ratio = r["samples_per_s"] / base
-        label = f"disttrain ps, {n} server{'s' if n > 1 else ''}"
-        rows.append([label, r["samples_per_s"], ratio, r["final"]["auc"], f">= {GOAL:g}x", C.verdict(ratio, GOAL)])
-    title = (
-        f"{s.trainers} trainers, {s.steps} steps of {s.batch} samples each (the same samples), tables "
-        f"{', '.join(map(str, s.tables))} x {s.dim}, one thread per process"
-    )
-    C.table(["system", "samples/s", "x tutorial", "AUC", "goal", "verdict"], rows, title=title)
+        rows.append({"system": f"disttrain ps, {n} server(s)", "samples/s": r["samples_per_s"]})
+        rows[-1] |= {"x tutorial": r["samples_per_s"] / base, "AUC": r["final"]["auc"]}
+    tables = ", ".join(map(str, s.tables))
+    H.table(rows, f"{s.trainers} trainers, {s.steps} steps of {s.batch} samples each, tables {tables} x {s.dim}")
     print(f"ceiling AUC (the hidden model) on the {s.eval_samples} held-out samples: {tutorial['ceiling_auc']:.3f}")
-    print(
-        f"tutorial pattern over all {s.steps} steps (warm-up included): {tutorial['samples_per_s_all_steps']:,.0f}"
-        f" samples/s; median step {tutorial['median_step_s'] * 1e3:.1f} ms per trainer"
-    )
-    elapsed = time.monotonic() - t0
-    print(f"wall time: {elapsed:.0f} s")
-    C.write_results(
-        "bench_ps_tutorial",
-        {
-            "setup": dataclasses.asdict(s),
-            "tutorial": tutorial,
-            "disttrain": ours,
-            "ratios": {n: r["samples_per_s"] / base for n, r in ours.items()},
-            "wall_s": elapsed,
-        },
-    )
+    print(f"tutorial pattern, median step {tutorial['median_step_s'] * 1e3:.1f} ms per trainer")
+    goals = [GOAL.check(r["x tutorial"]) for r in rows[1:]]
+    return {"setup": dataclasses.asdict(s), "rows": rows, "goals": goals, "tutorial": tutorial, "disttrain": ours}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    H.main(__file__, __doc__, OPTIONS, QUICK, run)

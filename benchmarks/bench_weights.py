@@ -1,11 +1,9 @@
-"""Peak host memory of starting FSDP(2) from pretrained weights: disttrain's ``--model.weights`` (meta build,
-each rank reads only its slices of the safetensors file) vs every rank building the model and loading the
-whole file (``load_file`` + ``load_state_dict``, then ``fully_shard``), as a hand-written start does.
+"""Peak host memory of starting FSDP(2) from pretrained weights: ``--model.weights`` (meta build, each rank reads
+only its slices of the safetensors file) vs every rank loading the whole file, then ``fully_shard``.
 
-A Hugging Face GPT-2 (8 blocks, width 512 by default: ~100 MB in fp32) is saved with ``save_pretrained``;
-each variant starts in fresh processes (peak RSS is a high-water mark), alternating, ``--launches`` times.
-The figure is the peak RSS (VmHWM, reset after imports) above the RSS after imports, the larger of the two ranks.
-Goal: disttrain / whole-file <= 0.6.
+A Hugging Face GPT-2 (8 x 512: ~100 MB in fp32) saved with ``save_pretrained``; each variant in fresh processes,
+alternating, ``--launches`` times; the peak RSS (VmHWM, reset after imports) above the RSS after imports, the
+larger of the two ranks. Goal: disttrain / whole file <= 0.6.
 
     .venv/bin/python -m benchmarks.bench_weights [--launches 3] [--layers 8] [--width 512]
 """
@@ -13,46 +11,32 @@ Goal: disttrain / whole-file <= 0.6.
 from __future__ import annotations
 
 import argparse
+import functools
 import resource
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks import _common as C
-from disttrain.testing.launch import finish_worker, is_worker, launch_and_collect, write_rank_result
+from benchmarks import harness as H
 
-GOAL = 0.6
+GOAL = H.Goal("peak RSS, disttrain --model.weights / whole file", 0.6, higher_is_better=False)
+OPTIONS = {
+    "launches": (3, "fresh launches per variant (median over them)"),
+    "layers": (8, "GPT-2 blocks"),
+    "width": (512, "GPT-2 width"),
+    "variant": (None, None, ("disttrain", "whole")),  # the workers'
+    "weights": (None, None),
+}
+QUICK = {"launches": 1, "layers": 2, "width": 128}
 VOCAB = 128
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--launches", type=int, default=3, help="fresh launches per variant (median over them)")
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--variant", choices=("disttrain", "whole"), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--weights", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
 
 
 def hf_config(args: argparse.Namespace) -> Any:
     from transformers import GPT2Config
 
     return GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=args.width, n_layer=args.layers, n_head=8)
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def reset_peak() -> None:
-    """Start the process's peak-RSS mark (VmHWM) again from its current RSS (Linux: clear_refs 5)."""
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def peak_bytes() -> int:
@@ -68,7 +52,7 @@ def start_disttrain(args: argparse.Namespace) -> torch.nn.Module:
 
     from disttrain.checkpoint.pretrained import load_pretrained
     from disttrain.config import ParallelConfig
-    from disttrain.parallel.strategy import parallelize
+    from disttrain.parallel.parallelize import parallelize
 
     with torch.device("meta"):
         model = GPT2LMHeadModel(hf_config(args))
@@ -87,35 +71,26 @@ def start_whole(args: argparse.Namespace) -> torch.nn.Module:
     model = GPT2LMHeadModel(hf_config(args))
     model.load_state_dict(load_file(str(Path(args.weights) / "model.safetensors")), strict=False)
     mesh = init_device_mesh("cpu", (2,))
-    for block in model.transformer.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    for unit in [*model.transformer.h, model]:
+        fully_shard(unit, mesh=mesh)
     return model
 
 
-def worker(args: argparse.Namespace) -> None:
-    C.one_thread()
+def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
     import transformers  # noqa: F401  (imported before the baseline: its own memory is not the figure)
 
-    from disttrain.parallel.env import init_distributed
-
-    env = init_distributed("cpu", threads=1)
-    base = rss_bytes()
-    reset_peak()  # import-time peaks are not the figure
-    model = start_disttrain(args) if args.variant == "disttrain" else start_whole(args)
+    H.init_ranks()
+    with open("/proc/self/statm") as f:
+        base = int(f.read().split()[1]) * resource.getpagesize()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak-RSS mark (VmHWM) starts again from here
+    start_disttrain(args) if args.variant == "disttrain" else start_whole(args)
     peak = peak_bytes()
-    local = sum(p.to_local().numel() * 4 for p in model.parameters())  # type: ignore[attr-defined]
     dist.barrier()
-    write_rank_result(args.out, env.rank, {"peak_above_start": peak - base, "shard_bytes": local})
-    finish_worker()
+    return {"peak_above_start": peak - base}
 
 
-def main(argv: list[str]) -> None:
-    args = parse_args(argv)
-    if is_worker():
-        worker(args)
-        return
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import GPT2LMHeadModel
 
     with tempfile.TemporaryDirectory(prefix="disttrain-weights-") as tmp:
@@ -124,29 +99,20 @@ def main(argv: list[str]) -> None:
         full.save_pretrained(tmp)
         size = sum(p.numel() * 4 for p in full.parameters())
         del full
-        peaks: dict[str, list[float]] = {"disttrain": [], "whole": []}
-        for i in range(args.launches):
-            for variant in peaks:
-                print(f"launch {i + 1}/{args.launches}: {variant} ...", flush=True)
-                ranks = launch_and_collect(
-                    2, Path(__file__), [*argv, "--variant", variant, "--weights", tmp], echo=True
-                )
-                peaks[variant].append(max(r["peak_above_start"] for r in ranks))
-    dt, whole = C.median(peaks["disttrain"]), C.median(peaks["whole"])
-    ratio = dt / whole
-    rows = [
-        ["whole file on every rank", whole / 2**20, size / 2**20, 1.0, "", ""],
-        ["disttrain --model.weights", dt / 2**20, size / 2**20, ratio, f"<= {GOAL}", ""],
-    ]
-    rows[1][-1] = C.verdict(ratio, GOAL, higher_is_better=False)
-    title = (
-        f"Starting FSDP(2) from a {size / 2**20:.0f} MiB safetensors file (HF GPT-2 {args.layers}x{args.width}), "
-        f"median over {args.launches} launches"
-    )
-    headers = ["variant", "peak RSS above start (MiB, max over 2 ranks)", "model (MiB, fp32)", "ratio", "goal", ""]
-    C.table(headers, rows, title=title)
-    C.write_results("bench_weights", {"config": vars(args), "model_bytes": size, "peaks": peaks, "ratio": ratio})
+
+        def start(variant: str) -> float:
+            ranks = H.ranks(2, __file__, [*args.argv, "--variant", variant, "--weights", tmp])
+            return max(r["peak_above_start"] for r in ranks)
+
+        peaks = H.side_by_side({v: functools.partial(start, v) for v in ("disttrain", "whole")}, args.launches)
+    dt, whole = H.median(peaks["disttrain"]), H.median(peaks["whole"])
+    rows = [{"variant": "whole file on every rank", "peak RSS above start MiB (the larger rank)": whole / 2**20}]
+    rows.append({"variant": "disttrain --model.weights", "peak RSS above start MiB (the larger rank)": dt / 2**20})
+    rows[1]["ratio"] = dt / whole
+    title = f"Starting FSDP(2) from a {size / 2**20:.0f} MiB safetensors file (HF GPT-2 {args.layers}x{args.width})"
+    H.table(rows, f"{title}, median over {args.launches} launches")
+    return {"model_bytes": size, "rows": rows, "peaks": peaks, "goals": [GOAL.check(dt / whole)]}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    H.main(__file__, __doc__, OPTIONS, QUICK, run, worker)

@@ -1,30 +1,16 @@
 """The soak: one long ``disttrain run`` job meets random faults of every kind the project claims to survive,
-drawn from a seed, and must end exactly where an uninterrupted run ends.
+drawn from a seed, and must end exactly where an uninterrupted run (with the same NaNs) ends.
 
-The job: the tiny GPT (2 blocks, width 64, context 32, fp32), 2 ranks, FSDP, a checkpoint every
-``--interval`` steps onto a small tmpfs of its own (mounted here; root), heartbeats every 0.5 s, a hang
-timeout of 5 s and enough torchrun restarts. The faults (``--faults`` of them, every kind at least once when
-there are five or more, any rank, spread over the run, one at a time):
+The job: the tiny GPT, 2 ranks, FSDP, fp32, a checkpoint every ``--interval`` steps onto a small tmpfs of its
+own (mounted here: root), heartbeats every 0.5 s, a hang timeout of 5 s. The faults, one at a time, every kind
+once when there are five or more, any rank: ``kill`` (SIGKILL from outside, or injected as a step starts),
+``stop`` (SIGSTOP from outside, or injected in the forward), ``disk_full`` (the checkpoint disk filled right
+after a commit until a save fails), ``truncate`` (the newest checkpoint's biggest file cut in half, then a rank
+killed) and ``nan`` (a NaN loss the bad-step guard must skip). The checks: losses bitwise equal but the skipped
+NaN steps, every kept checkpoint verifies and equals the uninterrupted run's, nothing temporary left behind, and
+per fault the seconds to training again. What each fault tests: docs/fault-tolerance.md. Not run by ``make bench``.
 
-* ``kill``: SIGKILL of a rank's process (rank 0 included), from outside at a random moment, or injected as
-  the step starts (``step:<k>:<r>:once``: on whichever attempt first reaches step k);
-* ``stop``: SIGSTOP of a rank's process, from outside or injected in the forward (``freeze:<k>:<r>:once``):
-  only the launcher's watch (or rank 0's watchdog, for rank 1) can name it;
-* ``disk_full``: the checkpoint disk filled right after a commit, so the next save meets ENOSPC; freed once
-  the job reports that save failed;
-* ``truncate``: the newest committed checkpoint's biggest file cut in half, then a rank SIGKILLed: the
-  restart must skip it and resume from the one before;
-* ``nan``: the loss of step k on rank r is NaN (``nan:<k>:<r>:every``: a bad batch stays bad when a resume
-  replays it; the uninterrupted run gets it too), which the bad-step guard skips and names.
-
-Then: every step's loss as last logged equals the uninterrupted run's bitwise, except the NaN steps the
-guard skipped (named ``nonfinite`` in metrics.jsonl, and only those); every kept checkpoint passes
-``disttrain ckpt verify`` (sizes, CRC32s, read back) and the same steps are kept as in the uninterrupted run;
-no temporary folder or file is left in the checkpoint disk or health/; and, per fault, the seconds from the
-fault to training again (the first step logged after it, after the restart for the faults that end an
-attempt). NaN and a full disk do not stop training: their figure is the gap to the next logged step.
-
-    .venv/bin/python -m benchmarks.soak [--seed 1] [--steps 300] [--faults 12] [--quick] [--keep]
+    .venv/bin/python -m benchmarks.soak [--seed 1] [--steps 300] [--faults 12] [--quick] [--keep]  # as root
 """
 
 from __future__ import annotations
@@ -34,6 +20,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -41,37 +28,303 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _common as C
-from benchmarks.soak_driver import RESTARTING, Console, Driver, JsonLines, Outcome, Planned, SoakError
-from disttrain.checkpoint.layout import CHECKSUMS, METADATA, TMP_PREFIX
+from benchmarks import harness as H
+from disttrain.checkpoint.layout import CHECKSUMS, MARKER, METADATA, STEP_RE, TMP_PREFIX
 from disttrain.testing.launch import DISTTRAIN, child_env
 from disttrain.testing.tiny import tiny_cli_args, write_small_text
 
 KINDS = ("kill", "stop", "disk_full", "truncate", "nan")
-RANKS = 2
-DISK_MB = 16
+RESTARTING = frozenset({"kill", "stop", "truncate"})  # the kinds that end an attempt; nan and disk_full do not
+SAVE_FAILED = re.compile(r"checkpoint at step (\d+) failed and was not committed")
+RANKS, DISK_MB = 2, 16
+OPTIONS = {
+    **H.options(steps=300),
+    "seed": (1, "draws the faults: kinds, steps, ranks, inside or outside"),
+    "faults": (12, "faults dealt"),
+    "interval": (5, "checkpoint every N steps"),
+    "keep": (False, "keep the run folders (printed)"),
+}
+QUICK = {"steps": 100, "faults": 5}  # one of each kind
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=1, help="draws the faults: kinds, steps, ranks, inside or outside")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--faults", type=int, default=12)
-    p.add_argument("--interval", type=int, default=5, help="checkpoint every N steps")
-    p.add_argument("--quick", action="store_true", help="100 steps, 5 faults (one of each kind)")
-    p.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.steps, args.faults = 100, 5
-    return args
+class SoakError(RuntimeError):
+    """The job did not get through a fault (or ended before the soak was done): the message says where."""
 
 
-# -- the draw -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Planned:
+    """One fault of the draw: its kind, the step from which it acts, the rank it hits, and whether the job
+    injects it itself (``DISTTRAIN_FAULT``) or the driver deals it from outside."""
+
+    kind: str
+    step: int
+    rank: int
+    injected: bool
+    slack_kib: int = 4  # disk_full: what is left free on the checkpoint disk (a save fails at some file)
+    delay_ms: int = 0  # kill, stop from outside: how long after the step's record (any phase, a save too)
+
+    def spec(self) -> str | None:
+        """Its ``DISTTRAIN_FAULT`` entry, for the faults the job injects itself."""
+        if self.kind == "nan":
+            return f"nan:{self.step}:{self.rank}:every"  # a bad batch stays bad when a resume replays it
+        if self.injected:
+            return f"{'step' if self.kind == 'kill' else 'freeze'}:{self.step}:{self.rank}:once"
+        return None
+
+    @property
+    def how(self) -> str:
+        return "injected" if self.injected else "outside"
+
+
+@dataclass
+class Outcome:
+    """What became of one fault."""
+
+    planned: Planned
+    fault_time: float = 0.0
+    attempt: int = 0  # the attempt it hit
+    survived: bool = False
+    seconds: float | None = None  # from the fault to the next logged step (after the restart, if one)
+    restarts: int = 0
+    resumed_from: int | None = None
+    detected_s: float | None = None  # a frozen rank: from the stop to the hang verdict
+    named: bool | None = None  # the restart's cause (or the hang verdict) names the rank hit
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class JsonLines:
+    """The records of a JSON-lines file that another process appends to, read as they come."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.torn = path, 0, 0  # torn: lines that are no JSON (cut short)
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.records
+        end = data.rfind(b"\n") + 1  # a line being written is read next time
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                self.records.append(json.loads(line))
+            except ValueError:
+                self.torn += 1
+        return self.records
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` ('' when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
+# -- the driver: what it reads of the running job and the faults it deals ---------------------------------
+class Driver:
+    """Watches one running ``disttrain run`` job (metrics.jsonl, health/, the committed checkpoints, its console
+    in ``log``) and deals it the planned faults, one at a time; a fault the job injects fires on its own, and
+    the driver waits for its mark (``DISTTRAIN_FAULT_STATE``) or its NaN record."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, run: Path, ckpt: Path, state: Path) -> None:
+        self.proc, self.log, self.run, self.ckpt, self.state = proc, log, run, ckpt, state
+        self.metrics = JsonLines(run / "metrics.jsonl")
+        self.events = JsonLines(run / "health" / "events.jsonl")
+        self.stopped: list[int] = []  # pids this driver stopped: killed at the end if anything is left of them
+
+    def wait(self, what: str, found: Callable[[], Any], timeout_s: float = 240.0) -> Any:
+        """Poll ``found`` until it returns something truthy; SoakError when the job ends or time runs out."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if value := found():
+                return value
+            if self.proc.poll() is not None:
+                if value := found():
+                    return value
+                raise SoakError(f"the job ended (exit {self.proc.returncode}) while waiting for {what}")
+            time.sleep(0.02)
+        raise SoakError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+    def at_step(self, step: int) -> None:
+        self.wait(f"step {step}", lambda: (r := self.metrics.poll()) and r[-1]["step"] >= step)
+
+    def committed_steps(self) -> list[int]:
+        """The steps of the committed checkpoints (COMMITTED written), oldest first."""
+        steps = [int(m.group(1)) for p in self.ckpt.glob("step-*") if (m := STEP_RE.match(p.name))]
+        return sorted(s for s in steps if (self.ckpt / f"step-{s:08d}" / MARKER).is_file())
+
+    def next_commit(self) -> int:
+        """Wait for a checkpoint newer than the newest now; its step."""
+        before = max(self.committed_steps(), default=0)
+        return int(self.wait(f"a checkpoint after step {before}", lambda: (c := self.newest()) > before and c))
+
+    def newest(self) -> int:
+        return max(self.committed_steps(), default=0)
+
+    def worker(self, rank: int) -> tuple[int, int] | None:
+        """(pid, attempt) of rank ``rank``'s process of the newest attempt, from its heartbeat file."""
+        beats = []
+        for p in (self.run / "health").glob(f"attempt*-rank{rank}.json"):
+            try:
+                beat = json.loads(p.read_text())
+                beats.append((int(beat["attempt"]), int(beat["pid"])))
+            except (OSError, ValueError, KeyError):
+                continue
+        if not beats:
+            return None
+        k, pid = max(beats)
+        return (pid, k) if process_state(pid) not in ("", "Z", "X") else None
+
+    def attempt(self) -> int:
+        """The newest attempt that has a heartbeat file."""
+        names = (p.name for p in (self.run / "health").glob("attempt*-rank*.json"))
+        return max((int(m.group(1)) for n in names if (m := re.match(r"attempt(\d+)-", n))), default=0)
+
+    # -- dealing faults ------------------------------------------------------------------------------
+    def deal(self, p: Planned) -> Outcome:
+        """Deal (or wait for) fault ``p`` and follow it until the job trains again."""
+        out = Outcome(p)
+        if p.kind in ("kill", "stop"):
+            self.injected(p, out) if p.injected else self.signal_rank(p, out)
+        else:
+            {"nan": self.nan, "disk_full": self.disk_full, "truncate": self.truncate}[p.kind](p, out)
+        self.follow(out)
+        out.survived = True
+        return out
+
+    def signal_rank(self, p: Planned, out: Outcome) -> None:
+        self.at_step(p.step)
+        time.sleep(p.delay_ms / 1000)
+        pid, out.attempt = self.wait(f"rank {p.rank}'s process", lambda: self.worker(p.rank))
+        out.fault_time, out.extra["committed"] = time.time(), self.committed_steps()
+        os.kill(pid, signal.SIGSTOP if p.kind == "stop" else signal.SIGKILL)
+        if p.kind == "stop":
+            self.stopped.append(pid)
+
+    def injected(self, p: Planned, out: Outcome) -> None:
+        path = self.state / f"{'step' if p.kind == 'kill' else 'freeze'}-{p.step}-{p.rank}"
+
+        def mark() -> dict[str, Any] | None:  # the mark a ``:once`` fault leaves when it fires
+            try:
+                return dict(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                return None
+
+        found = self.wait(f"{p.spec()} to fire", mark)
+        out.fault_time, out.attempt = float(found["time"]), int(found["attempt"])
+        out.extra["committed"] = self.committed_steps()  # read a moment after: a commit may have come since
+
+    def nan(self, p: Planned, out: Outcome) -> None:
+        def record() -> dict[str, Any] | None:
+            return next((r for r in self.metrics.poll() if r["step"] == p.step and r.get("nonfinite")), None)
+
+        rec = self.wait(f"the NaN of step {p.step}", record)
+        out.attempt, out.fault_time, out.note = self.attempt(), float(rec["time"]), f"step {p.step} skipped (nonfinite)"
+
+    def disk_full(self, p: Planned, out: Outcome) -> None:
+        """Fill the checkpoint disk right after a commit, and keep it full (the purge of an old checkpoint frees
+        space), so that the next save meets ENOSPC; free it once the job reports that save failed."""
+        self.at_step(p.step)
+        self.next_commit()
+        filler, seen = self.ckpt.parent / "filler", self.log.stat().st_size
+        fill(filler, p.slack_kib * 1024)
+        out.fault_time, out.attempt = time.time(), self.attempt()
+
+        def failed() -> int | None:
+            fill(filler, p.slack_kib * 1024)  # tops it up
+            with open(self.log, "rb") as f:
+                f.seek(seen)
+                m = SAVE_FAILED.search(f.read().decode(errors="replace"))
+            return int(m.group(1)) if m else None
+
+        try:
+            step = self.wait("a save to fail on the full disk", failed)
+        finally:
+            filler.unlink()
+        out.extra.update(failed_save=step, failed_after_s=time.time() - out.fault_time)
+        out.note = f"save of step {step} failed ({p.slack_kib} KiB free)"
+        after = self.wait(f"a checkpoint after step {step}", lambda: (c := self.newest()) > step and c)
+        out.note += f", step {after} committed"
+
+    def truncate(self, p: Planned, out: Outcome) -> None:
+        """Right after a commit, cut the newest checkpoint's biggest file in half and SIGKILL a rank: the
+        restart must see it, skip it and resume from the one before."""
+        self.at_step(p.step)
+        newest = self.next_commit()
+        folder = self.ckpt / f"step-{newest:08d}"
+        victim = max(folder.rglob("*.distcp"), key=lambda f: f.stat().st_size)
+        os.truncate(victim, victim.stat().st_size // 2)
+        self.signal_rank(Planned("kill", 0, p.rank, False), out)
+        out.extra.update(truncated=f"{folder.name}/{victim.name}", truncated_step=newest)
+
+    # -- following -----------------------------------------------------------------------------------
+    def follow(self, out: Outcome) -> None:
+        """Wait for the first step logged after the fault (and, for a fault that ends the attempt, after the
+        restart); fill in the figures."""
+        restarting = out.planned.kind in RESTARTING
+
+        def again() -> dict[str, Any] | None:
+            restarts = self.restarts_after(out)
+            if restarting and not restarts:
+                return None
+            since = restarts[-1]["time"] if restarting else out.fault_time
+            return next((r for r in self.metrics.poll() if r["time"] > since), None)
+
+        rec = self.wait(f"training again after {out.planned.kind}", again)
+        restarts = [e for e in self.restarts_after(out) if e["time"] < rec["time"]]  # not the next fault's
+        out.seconds, out.restarts = rec["time"] - out.fault_time, len(restarts)
+        if restarts:
+            out.resumed_from = restarts[-1].get("resumed_from")
+            # the newest intact checkpoint there was at the fault (a truncated one is not intact)
+            cut = out.extra.get("truncated_step")
+            expected = max((s for s in out.extra.get("committed", []) if cut is None or s < cut), default=None)
+            out.extra["lost_checkpoint"] = expected is not None and (out.resumed_from or 0) < expected
+            cause, r = restarts[0].get("cause", ""), out.planned.rank
+            out.named, out.extra["cause"] = cause.startswith((f"rank {r} at", f"hang: rank {r} ")), cause[:200]
+        if out.planned.kind == "stop":
+            hangs = [e for e in self.events.poll() if e["event"] == "hang" and e["attempt"] == out.attempt]
+            if hangs:
+                out.detected_s = hangs[0]["time"] - out.fault_time
+                out.named = [s["rank"] for s in hangs[0]["stuck"]] == [out.planned.rank]
+                out.note = f"named by the {'launcher' if hangs[0].get('by') == 'launcher' else 'watchdog'}"
+        if out.planned.kind == "truncate":
+            out.extra["fell_back"] = fell_back = (out.resumed_from or 0) < out.extra["truncated_step"]
+            out.note = f"{out.extra['truncated']} cut; resumed from {out.resumed_from}" + ("" if fell_back else " (!)")
+
+    def restarts_after(self, out: Outcome) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.events.poll()
+            if e["event"] == "restart" and e["attempt"] > out.attempt and e["time"] > out.fault_time
+        ]
+
+
+def fill(path: Path, slack: int) -> None:
+    """Fill the file system of ``path`` (appending to it) until ``slack`` bytes are left."""
+    st = os.statvfs(path.parent)
+    free = st.f_bavail * st.f_frsize - slack
+    with open(path, "ab") as f:
+        chunk = b"\0" * (1 << 20)
+        while free > 0:
+            try:
+                free -= f.write(chunk[: min(free, len(chunk))])
+            except OSError:
+                break
+
+
+# -- the draw and the jobs ------------------------------------------------------------------------------
 def draw(seed: int, steps: int, n: int, interval: int) -> list[Planned]:
     """``n`` faults: every kind once (when n >= 5), a second kill and stop (n >= 7), the rest at random; one
     per equal slice of the steps between the second checkpoint and the last two, at a random step of its slice
@@ -100,16 +353,17 @@ def draw(seed: int, steps: int, n: int, interval: int) -> list[Planned]:
     return plan
 
 
-# -- the jobs ---------------------------------------------------------------------------------------------
-def job_args(data: Path, root: Path, name: str, steps: int, interval: int, n_faults: int, *extra: str) -> list[str]:
-    return tiny_cli_args(
-        data,
-        steps,
-        *("--run.root", str(root), "--run.name", name, "--parallel.strategy", "fsdp"),
-        *("--checkpoint.interval", str(interval), "--launch.max-restarts", str(2 * n_faults + 2)),
-        *("--health.heartbeat-s", "0.5", "--health.hang-timeout-s", "5"),
-        *extra,
-    )
+def job(args: argparse.Namespace, data: Path, root: Path, name: str, *extra: str) -> list[str]:
+    return [
+        str(DISTTRAIN),
+        *tiny_cli_args(
+            data,
+            args.steps,
+            *("--run.root", str(root), "--run.name", name, "--parallel.strategy", "fsdp"),
+            *("--checkpoint.interval", str(args.interval), "--launch.max-restarts", str(2 * args.faults + 2)),
+            *("--health.heartbeat-s", "0.5", "--health.hang-timeout-s", "5", *extra),
+        ),
+    ]
 
 
 def environment(plan: list[Planned], state: Path | None) -> dict[str, str]:
@@ -119,23 +373,6 @@ def environment(plan: list[Planned], state: Path | None) -> dict[str, str]:
     if state is not None:
         extra["DISTTRAIN_FAULT_STATE"] = str(state)
     return child_env(extra=extra)
-
-
-def reference(args: argparse.Namespace, plan: list[Planned], data: Path, root: Path) -> float:
-    """The uninterrupted run (with the same NaNs): its wall time."""
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [str(DISTTRAIN), *job_args(data, root, "reference", args.steps, args.interval, args.faults)],
-        env=environment(plan, None),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if proc.returncode != 0:
-        raise SoakError(
-            f"the reference run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
-    return time.perf_counter() - t0
 
 
 @contextmanager
@@ -152,37 +389,38 @@ def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
 
 
 def soak(args: argparse.Namespace, plan: list[Planned], data: Path, root: Path) -> dict[str, Any]:
-    """The faulted run: start it, deal the faults one by one, wait for its end; outcomes and wall time."""
-    state, run = root / "fault-state", root / "soak"
-    with tmpfs(root / "ckpt-disk", DISK_MB) as disk:
+    """The faulted run: start it, deal the faults one by one, wait for its end; outcomes and checks' inputs."""
+    state, run, log = root / "fault-state", root / "soak", root / "soak.log"
+    with tmpfs(root / "ckpt-disk", DISK_MB) as disk, open(log, "wb") as console:
         ckpt = disk / "checkpoints"
-        cmd = [str(DISTTRAIN), *job_args(data, root, "soak", args.steps, args.interval, args.faults)]
-        cmd += ["--checkpoint.folder", str(ckpt)]
+        cmd = job(args, data, root, "soak", "--checkpoint.folder", str(ckpt))
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            cmd,
-            env=environment(plan, state),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
+            cmd, env=environment(plan, state), stdout=console, stderr=subprocess.STDOUT, start_new_session=True
         )
-        driver = Driver(proc, Console(proc, root / "soak.log"), run, ckpt, state, disk)
+        driver = Driver(proc, log, run, ckpt, state)
         try:
             outcomes, error = deal_all(driver, plan)
-            rc, error = ending(proc, error)
+            if error is None:
+                try:
+                    proc.wait(timeout=600)
+                except subprocess.TimeoutExpired:
+                    error = "the job did not end within 600 s of the last fault"
             wall = time.perf_counter() - t0
         finally:  # also on Ctrl-C or a bug here: nothing of the job outlives the soak, the tmpfs unmounts
-            finish(proc, driver)
-        leftovers = left_behind(ckpt, run)
-        checkpoints = verify(run)
-        same_bytes = same_files(ckpt, root / "reference" / "checkpoints")
-        if (disk / "filler").exists():
-            leftovers.append("filler on the checkpoint disk")
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for pid in driver.stopped:  # a stopped process dies of SIGKILL
+                if process_state(pid) in ("T", "t"):
+                    os.kill(pid, signal.SIGKILL)
+        leftovers = [str(p) for p in [*ckpt.glob(f"{TMP_PREFIX}*"), *ckpt.glob(f"*/{CHECKSUMS}")]]
+        leftovers += [str(p) for p in (run / "health").rglob(".*")] + [str(p) for p in disk.glob("filler")]
+        same_bytes, checkpoints = same_files(ckpt, root / "reference" / "checkpoints"), verify(run)
     return {
         "outcomes": outcomes,
         "error": error,
-        "rc": rc,
+        "rc": None if error else proc.returncode,
         "wall_s": wall,
         "leftovers": leftovers,
         "checkpoints": checkpoints,
@@ -205,30 +443,12 @@ def deal_all(driver: Driver, plan: list[Planned]) -> tuple[list[Outcome], str | 
     return outcomes, None
 
 
-def ending(proc: subprocess.Popen[str], error: str | None) -> tuple[int | None, str | None]:
-    """The job's exit code once it ends (None, with why, when it did not or the soak already failed)."""
-    if error is not None:
-        return None, error
-    try:
-        return proc.wait(timeout=600), None
-    except subprocess.TimeoutExpired:
-        return None, "the job did not end within 600 s of the last fault"
-
-
-def finish(proc: subprocess.Popen[str], driver: Driver) -> None:
-    """End what is left of the job (after a failure) and of the processes the driver stopped."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    driver.cleanup()
-    driver.console.join()
-
-
 # -- the checks --------------------------------------------------------------------------------------------
 def losses(run: Path) -> dict[int, tuple[float, bool]]:
     """Each step's (loss, nonfinite) as last logged (a step run again after a resume logs again)."""
-    records = JsonLines(run / "metrics.jsonl").poll()
-    return {int(r["step"]): (r["loss"], bool(r.get("nonfinite"))) for r in records if "loss" in r}
+    return {
+        int(r["step"]): (r["loss"], bool(r.get("nonfinite"))) for r in H.records(run / "metrics.jsonl") if "loss" in r
+    }
 
 
 def compare(ref: dict[int, tuple[float, bool]], got: dict[int, tuple[float, bool]], nans: set[int]) -> dict[str, Any]:
@@ -248,154 +468,93 @@ def compare(ref: dict[int, tuple[float, bool]], got: dict[int, tuple[float, bool
 
 def verify(run: Path) -> list[dict[str, Any]]:
     """``disttrain ckpt verify --all --json`` of the run's checkpoints: each one's step and verdict."""
-    proc = subprocess.run(
-        [str(DISTTRAIN), "ckpt", "verify", "--all", "--json", str(run)], env=child_env(), capture_output=True, text=True
-    )
+    ran = H.command([str(DISTTRAIN), "ckpt", "verify", "--all", "--json", str(run)], env=child_env(), check=False)
     try:
-        return [{"step": c["step"], "ok": c["ok"], "problems": c["problems"]} for c in json.loads(proc.stdout)]
+        return [{"step": c["step"], "ok": c["ok"], "problems": c["problems"]} for c in json.loads(ran.stdout)]
     except (ValueError, KeyError):
-        return [{"step": None, "ok": False, "problems": [(proc.stdout + proc.stderr)[-500:]]}]
+        return [{"step": None, "ok": False, "problems": [(ran.stdout + ran.stderr)[-500:]]}]
 
 
 def same_files(ckpt: Path, ref: Path) -> dict[str, list[str]]:
     """Per kept checkpoint, the files whose size and CRC32 (manifest.json) differ from the uninterrupted run's
-    checkpoint of the same step (empty lists: the same bytes). DCP's ``.metadata`` is left out: it holds a
-    fresh id per save."""
+    checkpoint of the same step (DCP's ``.metadata`` left out: it holds a fresh id per save)."""
     out = {}
     for manifest in sorted(ckpt.glob("step-*/manifest.json")):
         theirs = ref / manifest.parent.name / "manifest.json"
         mine = json.loads(manifest.read_text())["files"]
         other = json.loads(theirs.read_text())["files"] if theirs.is_file() else {}
-        names = (mine.keys() | other.keys()) - {METADATA}
-        out[manifest.parent.name] = sorted(n for n in names if mine.get(n) != other.get(n))
+        out[manifest.parent.name] = sorted(
+            n for n in (mine.keys() | other.keys()) - {METADATA} if mine.get(n) != other.get(n)
+        )
     return out
 
 
-def left_behind(ckpt: Path, run: Path) -> list[str]:
-    """Temporary folders and files a save or a heartbeat left: ``.tmp-step-*``, ``.checksums``, ``.<name>.*``."""
-    found = [p for p in ckpt.glob(f"{TMP_PREFIX}*")] + list(ckpt.glob(f"*/{CHECKSUMS}"))
-    found += [p for p in (run / "health").rglob(".*")]
-    return [str(p) for p in found]
-
-
-# -- the report ----------------------------------------------------------------------------------------
 def report(plan: list[Planned], result: dict[str, Any], ref_wall: float, cmp: dict[str, Any]) -> dict[str, Any]:
     outcomes: list[Outcome] = result["outcomes"]
-    C.table(
-        ["#", "kind", "how", "rank", "from step", "restarts", "resumed", "detected", "seconds", "named", "note"],
-        [
-            [
-                i + 1,
-                o.planned.kind,
-                o.planned.how,
-                o.planned.rank,
-                o.planned.step,
-                o.restarts,
-                o.resumed_from,
-                o.detected_s,
-                o.seconds,
-                o.named,
-                o.note,
-            ]
-            for i, o in enumerate(outcomes)
-        ],
-        title="faults, and the seconds from each to the next step logged (after the restart, if it ended the attempt)",
+    rows = [
+        {"#": i + 1, "kind": o.planned.kind, "how": o.planned.how, "rank": o.planned.rank, "from step": o.planned.step}
+        | {"restarts": o.restarts, "resumed": o.resumed_from, "detected": o.detected_s, "seconds": o.seconds}
+        | {"named": o.named, "note": o.note}
+        for i, o in enumerate(outcomes)
+    ]
+    H.table(
+        rows, "faults, and the seconds from each to the next step logged (after the restart, if it ended the attempt)"
     )
     survived = [o for o in outcomes if o.survived]
-    stopping = [o.seconds for o in survived if o.planned.kind in RESTARTING and o.seconds is not None]
-    ckpts_ok = bool(result["checkpoints"]) and all(c["ok"] for c in result["checkpoints"])
-    summary = {
-        "faults": len(plan),
-        "survived": len(survived),
-        "by_kind": dict(Counter(o.planned.kind for o in survived)),
-        "restart_faults_median_s": C.median(stopping) if stopping else None,
-        "restart_faults_worst_s": max(stopping) if stopping else None,
-        "all_median_s": C.median([o.seconds for o in survived if o.seconds is not None]) if survived else None,
-        "restarts": sum(o.restarts for o in survived),
-        "soak_wall_s": result["wall_s"],
-        "reference_wall_s": ref_wall,
-        "exit_code": result["rc"],
-        "losses": cmp,
-        "checkpoints_ok": ckpts_ok,
-        "leftovers": result["leftovers"],
-        "torn_lines": result["torn_lines"],
-        "error": result["error"],
-    }
     restarting = [o for o in survived if o.planned.kind in RESTARTING]
-    summary["named_right"] = all(o.named for o in restarting)
-    summary["fell_back"] = all(o.extra.get("fell_back") for o in survived if o.planned.kind == "truncate")
-    summary["resumed_from_newest"] = not any(o.extra.get("lost_checkpoint") for o in survived)
-    summary["same_bytes"] = result["same_bytes"]
-    summary["ok_bytes"] = not any(result["same_bytes"].values())
-    whole = summary["survived"] == len(plan) and result["rc"] == 0
-    whole = whole and summary["named_right"] and summary["fell_back"] and summary["ok_bytes"]
-    whole = whole and summary["resumed_from_newest"]
-    summary["ok"] = whole and cmp["ok"] and ckpts_ok and not result["leftovers"] and not result["torn_lines"]
-    print_summary(summary, result)
-    return summary
+    stopping = [o.seconds for o in restarting if o.seconds is not None]
+    checks = {
+        f"faults survived ({dict(Counter(o.planned.kind for o in survived))})": len(survived) == len(plan),
+        f"the job's exit code ({result['rc']})": result["rc"] == 0,
+        f"losses bitwise equal but the NaN steps ({cmp['equal_bitwise']}/{cmp['steps']}; {cmp})": cmp["ok"],
+        f"checkpoints kept verify ({result['checkpoints']})": bool(result["checkpoints"])
+        and all(c["ok"] for c in result["checkpoints"]),
+        "shard and RNG files equal to the uninterrupted run's": not any(result["same_bytes"].values()),
+        "every restart named the rank hit": all(o.named for o in restarting),
+        "resumed from the newest intact checkpoint": not any(o.extra.get("lost_checkpoint") for o in survived),
+        "every truncation fell back": all(o.extra.get("fell_back") for o in survived if o.planned.kind == "truncate"),
+        f"no temporary files left ({result['leftovers']})": not result["leftovers"],
+        f"no torn log lines ({result['torn_lines']})": not result["torn_lines"],
+        f"no error ({result['error']})": not result["error"],
+    }
+    H.table([{"check": k[:200], "": "ok" if v else "FAILED"} for k, v in checks.items()])
+    summary = {"ok": all(checks.values()), "checks": checks, "restarts": sum(o.restarts for o in survived)}
+    summary |= {
+        "restart_faults_median_s": H.median(stopping) if stopping else None,
+        "restart_faults_worst_s": max(stopping, default=None),
+    }
+    if stopping:
+        print(f"fault -> training again (kill, stop, truncate): median {H.median(stopping):.1f} s, ", end="")
+        print(f"worst {max(stopping):.1f} s")
+    print(f"wall time: soak {result['wall_s']:.0f}s, uninterrupted {ref_wall:.0f}s")
+    print("soak: " + ("PASSED" if summary["ok"] else "FAILED"), flush=True)
+    return summary | {"soak_wall_s": result["wall_s"], "reference_wall_s": ref_wall, "same_bytes": result["same_bytes"]}
 
 
-def print_summary(s: dict[str, Any], result: dict[str, Any]) -> None:
-    kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["by_kind"].items()))
-    print(f"faults survived: {s['survived']}/{s['faults']} ({kinds}); job exit code {s['exit_code']}")
-    if s["restart_faults_median_s"] is not None:
-        print(
-            f"fault -> training again (kill, stop, truncate): median {s['restart_faults_median_s']:.1f}s, "
-            f"worst {s['restart_faults_worst_s']:.1f}s; {s['restarts']} restarts"
-        )
-    cmp = s["losses"]
-    print(
-        f"losses: {cmp['equal_bitwise']}/{cmp['steps']} steps bitwise equal to the uninterrupted run; NaN steps "
-        f"skipped and named: {cmp['skipped_named']}; differ: {cmp['differ']}; missing: {cmp['missing']}"
-    )
-    steps = [c["step"] for c in result["checkpoints"]]
-    print(f"checkpoints kept {steps}: {'all verify' if s['checkpoints_ok'] else result['checkpoints']}")
-    differ = {k: v for k, v in s["same_bytes"].items() if v}
-    print(f"shard and RNG files equal to the uninterrupted run's of the same step: {differ or 'all'}")
-    print(
-        f"every restart named the rank hit: {s['named_right']}; resumed from the newest intact checkpoint: "
-        f"{s['resumed_from_newest']}; every truncation fell back: {s['fell_back']}"
-    )
-    print(f"temporary files left: {s['leftovers'] or 'none'}; torn log lines: {s['torn_lines']}")
-    print(f"wall time: soak {s['soak_wall_s']:.0f}s, uninterrupted {s['reference_wall_s']:.0f}s")
-    if s["error"]:
-        print(f"FAILED: {s['error']}")
-    print("soak: " + ("PASSED" if s["ok"] else "FAILED"), flush=True)
-
-
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    C.print_machine()
+def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = draw(args.seed, args.steps, args.faults, args.interval)
     root = Path(tempfile.mkdtemp(prefix="disttrain-soak-"))
     try:
         data = write_small_text(root / "small.txt")
         print(f"uninterrupted run: {args.steps} steps ...", flush=True)
-        ref_wall = reference(args, plan, data, root)
+        ref_wall = H.command(job(args, data, root, "reference"), env=environment(plan, None), timeout=1200).wall_s
         print(f"soak: {args.steps} steps, {len(plan)} faults (seed {args.seed}) in {root}", flush=True)
         result = soak(args, plan, data, root)
-        nans = {p.step for p in plan if p.kind == "nan"}
-        cmp = compare(losses(root / "reference"), losses(root / "soak"), nans)
+        cmp = compare(losses(root / "reference"), losses(root / "soak"), {p.step for p in plan if p.kind == "nan"})
         ref_ckpts = sorted(int(p.name[5:]) for p in (root / "reference" / "checkpoints").glob("step-*"))
         if [c["step"] for c in result["checkpoints"]] != ref_ckpts:
             result["checkpoints"].append({"step": None, "ok": False, "problems": [f"reference keeps {ref_ckpts}"]})
         summary = report(plan, result, ref_wall, cmp)
-        C.write_results(
-            "soak-quick" if args.quick else "soak",
-            {
-                "args": vars(args),
-                "plan": [vars(p) | {"how": p.how} for p in plan],
-                "outcomes": [vars(o) | {"planned": vars(o.planned)} for o in result["outcomes"]],
-                "summary": summary,
-            },
-        )
-        return 0 if summary["ok"] else 1
     finally:
         if args.keep:
             print(f"run folders kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+    outcomes = [vars(o) | {"planned": vars(o.planned)} for o in result["outcomes"]]
+    goal = H.Goal("faults survived, nothing lost (of the faults dealt)", len(plan)).check(len(plan) * summary["ok"])
+    return {"plan": [vars(p) | {"how": p.how} for p in plan], "outcomes": outcomes, "summary": summary, "goals": [goal]}
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    results = H.main(__file__, __doc__, OPTIONS, QUICK, run)
+    sys.exit(0 if results is not None and results["summary"]["ok"] else 1)
