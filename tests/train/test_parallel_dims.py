@@ -26,7 +26,8 @@ def valid_layouts(max_world: int = 8) -> list[dict[str, int | bool]]:
             if pp * rep * shard * cp * tp != world:
                 continue
             for fsdp, ep in itertools.product((False, True), range(1, shard * cp + 1)):
-                if (shard * cp) % ep or (not fsdp and (shard > 1 or (rep > 1 and (tp, pp, cp, ep) != (1,) * 4))):
+                borrowed = (shard * cp) % ep == 0 and (ep == 1 or ep % cp == 0)
+                if not borrowed or (not fsdp and (shard > 1 or (rep > 1 and (tp, pp, cp, ep) != (1,) * 4))):
                     continue
                 out.append({"world": world, "pp": pp, "dp_replicate": rep, "dp_shard": shard, "cp": cp, "tp": tp})
                 out[-1].update(ep=ep, fsdp=fsdp)
@@ -40,7 +41,8 @@ def build(layout: dict[str, int | bool]) -> ParallelDims:
 
 def test_every_valid_combination_up_to_8_ranks() -> None:
     layouts = valid_layouts()
-    assert len(layouts) == 252  # pp x dp_replicate x dp_shard x cp x tp (x ep, fsdp) over 1..8 ranks
+    # pp x dp_replicate x dp_shard x cp x tp (x ep, fsdp) over 1..8 ranks; ep > 1 a multiple of cp (torchtitan's)
+    assert len(layouts) == 234
     hsdp_tp = {"world": 8, "pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2, "ep": 2, "fsdp": True}
     assert hsdp_tp in layouts and {**hsdp_tp, "fsdp": False} not in layouts
     for lay in layouts:
@@ -69,6 +71,8 @@ INVALID = [
     (dict(world_size=8, dp_replicate=-1, dp_shard=-1), "only one of dp_replicate and dp_shard can be -1"),
     (dict(world_size=4, tp=0, dp_shard=4), "every parallel degree must be >= 1, got pp 1, dp_replicate 1, dp_shard 4"),
     (dict(world_size=8, dp_shard=4, ep=3, tp=2), "ep (3) must divide dp_shard x cp (4 x 1)"),
+    (dict(world_size=8, dp_shard=2, cp=4, ep=2), "be a multiple of cp (4): the expert-parallel ranks"),
+    (dict(world_size=8, dp_shard=2, cp=2, ep=3, tp=2), "ep degrees that fit: 1, 2, 4"),
     (dict(world_size=4, dp_shard=4, fsdp=False), "dp_shard (4) > 1 shards parameters: it needs fsdp=True"),
     (dict(world_size=4, dp_replicate=2, dp_shard=1, tp=2), "replication without sharding (DDP, dp_replicate 2)"),
     (dict(world_size=4, dp_replicate=2, dp_shard=1, pp=2), "does not compose with tp 1 x pp 2 x cp 1 x ep 1"),
@@ -109,6 +113,10 @@ for kw in json.loads(sys.argv[1]):
             row["fsdp"] = list(d.fsdp_mesh("cpu").shape)
         if d.tp > 1:
             row["tp"] = d.tp_mesh("cpu").size()
+        if d.ep > 1:  # this rank's expert group and the experts' FSDP group (global ranks), the dense FSDP group
+            row["ep"] = d.ep_mesh("cpu").mesh.flatten().tolist()
+            row["efsdp"] = d.expert_fsdp_mesh("cpu").mesh.tolist()
+            row["fsdp_ranks"] = d.fsdp_mesh("cpu").mesh.tolist()
         out.append(row)
         dist.destroy_process_group()
 print(json.dumps(out))
@@ -138,3 +146,33 @@ def test_the_meshes_have_the_degrees_on_any_rank() -> None:
     assert all(r["dp"][1] == r["dp"][2] for r in rows), rows  # the mesh agrees with dp_rank
     assert [r.get("fsdp") for r in rows[::2]] == [[4], [2, 2], [2], None, [2, 2]]
     assert [r.get("tp") for r in rows[::2]] == [2, 2, 2, None, None]
+
+
+@pytest.mark.timeout(120)
+def test_expert_parallel_borrows_its_ranks_from_the_sharded_ones() -> None:
+    """ep splits dp_shard around the experts' ranks (torchtitan's dp2ep): on 8 ranks, ep 4 over dp_shard 8 is
+    groups of 4 adjacent ranks, the experts sharded over the 2 ranks that hold the same experts; with cp the ep
+    group takes every cp rank; under HSDP the experts' FSDP mesh keeps the replica dimension. The dense FSDP mesh
+    stays all of dp_shard x cp, whatever ep."""
+    layouts = [
+        {"world": 8, "dp_shard": 8, "ep": 4},
+        {"world": 8, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2},
+        {"world": 8, "dp_replicate": 2, "dp_shard": 4, "ep": 2},
+    ]
+    code = [sys.executable, "-c", MESHES, json.dumps(layouts)]
+    done = subprocess.run(code, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, last0, rank1, last1, rank2, last2 = json.loads(done.stdout)
+    assert rank0["names"] == ["dp_shard_mod_ep", "dp_shard_in_ep"] and rank0["shape"] == [2, 4]
+    assert (rank0["ep"], last0["ep"]) == ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert (rank0["efsdp"], last0["efsdp"]) == ([0, 4], [3, 7])  # the ranks holding the same experts
+    assert rank0["fsdp"] == [8] and rank0["dp"][0] == 8 and rank0["fsdp_ranks"] == list(range(8))
+    # ep 2 = the cp pair: dp_shard_in_ep is 1 (left out), dp_shard_mod_ep 2; tp innermost
+    assert rank1["names"] == ["dp_shard_mod_ep", "cp", "tp"] and rank1["shape"] == [2, 2, 2]
+    assert (rank1["ep"], last1["ep"]) == ([0, 2], [5, 7]) and (rank1["efsdp"], last1["efsdp"]) == ([0, 4], [3, 7])
+    assert rank1["fsdp"] == [4] and rank1["fsdp_ranks"] == [0, 2, 4, 6]  # dp_shard x cp
+    assert rank2["names"] == ["dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep"] and rank2["shape"] == [2, 2, 2]
+    assert rank2["fsdp"] == [2, 4] and rank2["fsdp_ranks"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (rank2["ep"], last2["ep"]) == ([0, 1], [6, 7])
+    assert rank2["efsdp"] == [[0, 2], [4, 6]] and last2["efsdp"] == [[1, 3], [5, 7]]
+    assert rank2["dp"][0] == 8 and all(r["dp"][1] == r["dp"][2] for r in (rank0, last0, rank2, last2))

@@ -5,9 +5,11 @@ dimensions and every flattened sub-mesh the code asks for by name (after torchti
 The degrees, outermost first as the world mesh lays them: ``pp`` (pipeline stages), ``dp_replicate`` (replica
 groups), ``dp_shard`` (ranks one copy of the model state is sharded over), ``cp`` (context parallel), ``tp``
 (tensor parallel, innermost: adjacent ranks). Their product is the world size. ``ep`` (expert parallel) borrows
-its ranks from ``dp_shard x cp`` and so does not multiply the world. ``fsdp`` says whether parameters are
-sharded with FSDP2 over ``dp_shard`` (replicated over ``dp_replicate``: HSDP) even where ``dp_shard`` is 1 (FSDP on
-one rank, to offload); without it, ``dp_replicate`` ranks replicate the whole model (DDP).
+its ranks from ``dp_shard x cp`` and so does not multiply the world: with ``ep`` > 1 the world mesh splits
+``dp_shard`` into ``dp_shard_mod_ep`` (outer: what the experts' parameters are sharded over) and ``dp_shard_in_ep``
+(inner), and the ``ep`` mesh flattens ``dp_shard_in_ep x cp`` (torchtitan's dp2ep layout). ``fsdp`` says whether
+parameters are sharded with FSDP2 over ``dp_shard`` (replicated over ``dp_replicate``: HSDP) even where ``dp_shard``
+is 1 (FSDP on one rank, to offload); without it, ``dp_replicate`` ranks replicate the whole model (DDP).
 
 What to apply follows from the degrees; which :class:`~disttrain.parallel.strategies.Strategy` carries a layout
 out is :func:`disttrain.parallel.strategies.for_dims`'s to say, and how a config's strategy name becomes
@@ -27,12 +29,17 @@ from disttrain.parallel.env import init_single_process_group
 ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The world mesh's dimensions, outermost first (torchtitan's order)."""
 
+EP_ORDER = ("pp", "dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep", "cp", "tp")
+"""The world mesh's dimensions with expert parallelism: ``dp_shard`` split in two around the experts' ranks."""
+
 FLATTENED = {
     "dp": ("dp_replicate", "dp_shard"),  # the ranks that see different data
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),  # what a loss is averaged over
     "dp_shard_cp": ("dp_shard", "cp"),  # what FSDP shards over
+    "ep": ("dp_shard_in_ep", "cp"),  # the ranks one MoE layer's experts are spread over
 }
-"""Sub-meshes made by flattening world dimensions, by name."""
+"""Sub-meshes made by flattening world dimensions, by name (``dp_shard`` stands for the two parts it is split into
+when the layout has expert parallelism)."""
 
 
 @dataclass
@@ -62,10 +69,11 @@ class ParallelDims:
                 f"the degrees multiply to {math.prod(degrees.values())} ({self._said()}), but the world size is "
                 f"{self.world_size}; set them so their product is {self.world_size}, or dp_shard to -1 (the rest)"
             )
-        if (self.dp_shard * self.cp) % self.ep:
+        if not self._ep_fits(self.ep):
             raise ConfigError(
-                f"ep ({self.ep}) must divide dp_shard x cp ({self.dp_shard} x {self.cp}): the expert-parallel ranks "
-                "are borrowed from the sharded data-parallel ones"
+                f"ep ({self.ep}) must divide dp_shard x cp ({self.dp_shard} x {self.cp}) and be a multiple of cp "
+                f"({self.cp}): the expert-parallel ranks are borrowed from the sharded data-parallel ones, every "
+                f"context-parallel rank among them; ep degrees that fit: {self._ep_choices()}"
             )
         if self.fsdp is None:
             self.fsdp = self.dp_shard > 1
@@ -99,6 +107,13 @@ class ParallelDims:
     def degrees_text(self) -> str:
         """'dp_replicate 1 x dp_shard 2 x tp 2': the data-parallel degrees and every other one above 1."""
         return " x ".join(f"{k} {v}" for k, v in self.degrees().items() if v > 1 or k.startswith("dp_"))
+
+    def _ep_choices(self) -> str:
+        return ", ".join(str(e) for e in range(1, self.dp_shard * self.cp + 1) if self._ep_fits(e))
+
+    def _ep_fits(self, ep: int) -> bool:
+        """``ep`` ranks can be borrowed from ``dp_shard x cp`` (1: no expert parallelism, always)."""
+        return ep == 1 or ((self.dp_shard * self.cp) % ep == 0 and ep % self.cp == 0)
 
     def _said(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in {**self.degrees(), "ep": self.ep}.items())
@@ -156,11 +171,29 @@ class ParallelDims:
         return out + extra
 
     # -- meshes -------------------------------------------------------------------------------------
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
     def mesh_dims(self) -> dict[str, int]:
-        """The world mesh's dimensions: every degree > 1, and ``dp_shard`` (and ``dp_replicate`` with it) where
-        parameters are sharded, so that FSDP always has its dimension; ``dp_shard`` of size 1 for a lone rank."""
+        """The world mesh's dimensions: every degree > 1, and ``dp_shard`` where parameters are sharded, so that
+        FSDP always has its dimension; ``dp_shard`` of size 1 for a lone rank. With ``ep`` > 1, ``dp_shard`` is
+        ``dp_shard_mod_ep x dp_shard_in_ep`` (:data:`EP_ORDER`), ``dp_shard_mod_ep`` kept even at 1: the experts'
+        FSDP mesh."""
+        if self.ep_enabled:
+            split = {"dp_shard_mod_ep": self.dp_shard * self.cp // self.ep, "dp_shard_in_ep": self.ep // self.cp}
+            sizes = {**self.degrees(), **split}
+            return {n: sizes[n] for n in EP_ORDER if sizes[n] > 1 or n == "dp_shard_mod_ep"}
         kept = {n: d for n, d in self.degrees().items() if d > 1 or (self.fsdp and n == "dp_shard")}
         return kept or {"dp_shard": 1}
+
+    def _parts(self, name: str) -> tuple[str, ...]:
+        """The world dimensions sub-mesh ``name`` is made of (``dp_shard`` is two of them under ``ep``)."""
+        parts = FLATTENED.get(name, (name,))
+        if self.ep_enabled:
+            split = {"dp_shard": ("dp_shard_mod_ep", "dp_shard_in_ep")}
+            parts = tuple(q for p in parts for q in split.get(p, (p,)))
+        return parts
 
     def world_mesh(self, device_type: str) -> DeviceMesh:
         """Every dimension of :meth:`mesh_dims`, built on first use."""
@@ -176,8 +209,7 @@ class ParallelDims:
         that the world mesh has); None where it has none of them."""
         if name not in self._meshes:
             world = self.world_mesh(device_type)
-            parts = FLATTENED.get(name, (name,))
-            present = [p for p in parts if p in (world.mesh_dim_names or ())]
+            present = [p for p in self._parts(name) if p in (world.mesh_dim_names or ())]
             if not present:
                 return None
             if len(present) == 1:
@@ -193,17 +225,28 @@ class ParallelDims:
         if "fsdp" not in self._meshes:
             shard = self.get_mesh("dp_shard_cp", device_type)
             assert shard is not None  # mesh_dims keeps dp_shard where fsdp
-            if self.dp_replicate > 1:
-                world = self.world_mesh(device_type)
-                names = ("dp_replicate", "dp_shard") if self.cp == 1 else None
-                self._meshes["fsdp"] = world[names] if names else self._hsdp_with_cp(world)
+            if self.dp_replicate > 1:  # 2-D: replica groups x the shard dimension (flattened first where it is
+                world = self.world_mesh(device_type)  # several: the 2-D view names it)
+                one = "dp_shard" in (world.mesh_dim_names or ()) and self.cp == 1
+                self._meshes["fsdp"] = world[("dp_replicate", "dp_shard" if one else "dp_shard_cp")]
             else:
                 self._meshes["fsdp"] = shard
         return self._meshes["fsdp"]
 
-    def _hsdp_with_cp(self, world: DeviceMesh) -> DeviceMesh:
-        self.get_mesh("dp_shard_cp", world.device_type)  # flattened first: the 2-D view names it
-        return world[("dp_replicate", "dp_shard_cp")]
+    def ep_mesh(self, device_type: str) -> DeviceMesh:
+        """The 1-D mesh of this rank's expert-parallel group (``dp_shard_in_ep x cp``)."""
+        mesh = self.get_mesh("ep", device_type) if self.ep_enabled else None
+        if mesh is None:
+            raise ConfigError("the layout has no expert-parallel dimension (ep 1)")
+        return mesh
+
+    def expert_fsdp_mesh(self, device_type: str) -> DeviceMesh:
+        """What the experts' parameters are sharded over: the data-parallel ranks outside this rank's expert group
+        (``dp_shard_mod_ep``, with ``dp_replicate`` as HSDP's outer dimension)."""
+        if not self.ep_enabled or not self.fsdp:
+            raise ConfigError(f"the layout {self.describe()} has no expert-parallel FSDP mesh (it needs ep > 1)")
+        world = self.world_mesh(device_type)
+        return world[("dp_replicate", "dp_shard_mod_ep")] if self.dp_replicate > 1 else world["dp_shard_mod_ep"]
 
     def tp_mesh(self, device_type: str) -> DeviceMesh:
         """The 1-D mesh of this rank's tensor-parallel group."""
