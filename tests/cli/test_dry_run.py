@@ -32,6 +32,8 @@ def test_a_32_rank_layout_is_built_for_one_rank_and_agrees_with_the_plan(small_t
     first, last = outs
     assert "hsdp (4 replicas x 4 shards) x tp 2 over 32 ranks, as rank 31" in last, last
     assert "mesh: dp_replicate 4 x dp_shard 4 x tp 2" in first
+    steps = "tp 2 (the gpt plan, sequence parallel, loss parallel) -> hsdp over dp_replicate 4 x dp_shard 4"
+    assert f"parallelize (gpt model): {steps}" in first, first
     assert "dp_shard (4) splits 100.0% of the parameters" in first and "tp (2) splits" in first
     for text in outs:
         gap = re.search(r"the plan's parameter bytes per rank and the shards built agree \((\d+\.\d+)% apart\)", text)

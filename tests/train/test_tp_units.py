@@ -13,9 +13,10 @@ from disttrain.config import ParallelConfig
 from disttrain.errors import ConfigError
 from disttrain.models.gpt import GPT, GPTConfig
 from disttrain.parallel.clip import clip_grad_norm_
+from disttrain.parallel.families import plan_for
 from disttrain.parallel.strategies import dims_for, resolve_name
 from disttrain.parallel.tp import check_plan, matching
-from disttrain.parallel.tp_plans import hf_plan, plan_for
+from disttrain.parallel.tp_plans import hf_plan
 
 from conftest import assert_one_line, disttrain
 

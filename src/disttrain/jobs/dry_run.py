@@ -110,6 +110,9 @@ class DryRun:
     planned: dict[str, Any]
     reshard: bool
     """FSDP frees the gathered parameters after forward (and gathers them again in backward)."""
+    family: str = "module"
+    applied: tuple[str, ...] = ()
+    """What parallelize's steps did, in order (:data:`disttrain.parallel.parallelize.ORDER`)."""
 
 
 def dry_run(cfg: JobConfig, rank: int) -> DryRun:
@@ -141,10 +144,24 @@ def dry_run(cfg: JobConfig, rank: int) -> DryRun:
     timing = est.times.get(column.key)
     planned = {"calls": timing.calls, "intra": timing.sent_intra, "inter": timing.sent_inter} if timing else {}
     plan = est.plans[column.key]
-    return DryRun(dims, rank, dims.strategy, decision.reason, plan, *built, planned, column.reshard)
+    shards, units, tp_split, family, applied = built
+    return DryRun(
+        dims,
+        rank,
+        dims.strategy,
+        decision.reason,
+        plan,
+        shards,
+        units,
+        tp_split,
+        planned,
+        column.reshard,
+        family,
+        applied,
+    )
 
 
-def _build_as(cfg: JobConfig, dims: ParallelDims, rank: int) -> tuple[Shards, int, int]:
+def _build_as(cfg: JobConfig, dims: ParallelDims, rank: int) -> tuple[Shards, int, int, str, tuple[str, ...]]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
@@ -154,8 +171,10 @@ def _build_as(cfg: JobConfig, dims: ParallelDims, rank: int) -> tuple[Shards, in
             dims.world_mesh("cpu")  # the meshes, once: parallelize gets these whatever device it names
             train, _, text = build_data(cfg)
             model = build_model(cfg, vocab_size(train, text), on_meta=True)
-            wrapped = parallelize(model, cfg.parallel, cfg.precision, dims=dims, device=torch.device("meta")).module
-        return rank_shards(wrapped), fsdp_units(wrapped), tp_layers(wrapped)
+            meta = torch.device("meta")
+            done = parallelize(model, cfg.parallel, cfg.precision, dims=dims, device=meta, tp_plan=cfg.model.tp_plan)
+        wrapped = done.module
+        return rank_shards(wrapped), fsdp_units(wrapped), tp_layers(wrapped), done.family, done.applied
     finally:
         dist.destroy_process_group()
 
@@ -167,6 +186,7 @@ def render(run: DryRun) -> str:
     lines = [f"dry run: {d.describe()} over {d.world_size} ranks, as rank {run.rank} (fake process group)"]
     lines.append(f"  strategy {run.strategy}: {run.reason}")
     lines.append("  mesh: " + " x ".join(f"{n} {v}" for n, v in d.mesh_dims().items()))
+    lines.append(f"  parallelize ({run.family} model): " + (" -> ".join(run.applied) or "nothing to apply"))
     lines.append(f"  {'module':<12} {'parameters':>16} {'this rank':>16} {'bytes':>10}")
     for group, (total, local) in s.groups.items():
         lines.append(f"  {group:<12} {total:>16,} {local:>16,} {fmt_bytes(local * s.dtype_bytes):>10}")

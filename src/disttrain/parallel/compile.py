@@ -104,8 +104,9 @@ def apply_compile(
 ) -> None:
     """Compile each of ``blocks`` (``mode="blocks"``) or the whole ``model`` (``"model"``); ``"off"``: nothing.
 
-    ``mode`` may be ``auto`` (resolved here for ``device_type``). Call before activation checkpointing
-    (``checkpointing``: its spec, checked against the mode) and before FSDP/DDP wrap the model.
+    ``mode`` may be ``auto`` (resolved here for ``device_type``). Call after activation checkpointing
+    (``checkpointing``: its spec, checked against the mode; its hooks stay outside the compiled forward either way
+    round) and before FSDP/DDP wrap the model, as torchtitan does.
     """
     mode = resolve_compile(mode, device_type)
     if mode == "off":

@@ -1,21 +1,23 @@
 """``parallelize``, the public API: a layout (:class:`~disttrain.parallel.mesh.ParallelDims`) applied to a model,
-the one place a model becomes distributed, in one order (torchtitan's): tensor parallelism on each block, then
-activation checkpointing, then compile, then the data-parallel strategy (FSDP2 / HSDP / DDP, the objects in
-:mod:`disttrain.parallel.strategies`). A new dimension is one step in that order (a pipeline split first).
+the one place a model becomes distributed, in one order (torchtitan's, :data:`ORDER`): the pipeline split, tensor
+parallelism on each block, expert parallelism, activation checkpointing, compile, then the data-parallel strategy
+(FSDP2 / HSDP / DDP, the objects in :mod:`disttrain.parallel.strategies`). Each is one step that looks at the
+degrees and the config and does its part or nothing; a new dimension is one step in that order. Where a kind of
+model departs from it (its tensor-parallel plan), its family says so (:mod:`disttrain.parallel.families`).
 
 :func:`parallelize` returns a :class:`Parallelized` that the training loop (yours or ours) uses
 without knowing which strategy is underneath: ``sync(last)`` controls gradient sync during
 accumulation, ``autocast()`` is the mixed-precision context, ``loss_parallel()`` wraps the loss and its
 backward (cross-entropy over vocabulary shards under TP), ``clip_grad_norm_`` returns the *global*
-norm (the full norm under FSDP and TP, not one shard's).
+norm (the full norm under FSDP and TP, not one shard's); ``applied`` says what each step did.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -25,8 +27,9 @@ from disttrain.config import ParallelConfig, PrecisionConfig
 from disttrain.errors import ConfigError
 from disttrain.parallel.activation import apply_activation_checkpointing
 from disttrain.parallel.clip import clip_grad_norm_
-from disttrain.parallel.compile import apply_compile
+from disttrain.parallel.compile import apply_compile, resolve_compile
 from disttrain.parallel.env import resolve_precision
+from disttrain.parallel.families import Family, family_of
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.mesh import ParallelDims
 from disttrain.parallel.strategies import Strategy, WrapSettings, dims_from_config, for_dims
@@ -47,6 +50,10 @@ class Parallelized:
     compute_dtype: str
     vocab_parallel: bool = False
     """The model's logits are a DTensor sharded over the vocabulary (TP's loss parallel)."""
+    family: str = "module"
+    """The model's family (:mod:`disttrain.parallel.families`)."""
+    applied: tuple[str, ...] = ()
+    """What the steps of :data:`ORDER` did, in order (the ones that did nothing left out)."""
 
     @property
     def strategy(self) -> str:
@@ -87,22 +94,97 @@ def current_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _check_layout(dims: ParallelDims, parallel: ParallelConfig) -> None:
+@dataclass
+class _Job:
+    """What the steps read (resolved once by :func:`parallelize`) and what they leave for the next."""
+
+    dims: ParallelDims
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    device: torch.device
+    family: Family
+    tp_plan: str
+    blocks: list[nn.Module] = field(default_factory=list)
+    vocab_parallel: bool = False
+
+
+Step = Callable[[nn.Module, _Job], "tuple[nn.Module, str | None]"]
+"""A step of :data:`ORDER`: (the model so far, the job) -> (the model, what it did or None)."""
+
+
+def _pipeline(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
+    return model, _not_yet(job.dims, "pp", "a pipeline split (torch.distributed.pipelining)")
+
+
+def _tensor_parallel(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
+    if job.dims.tp == 1:
+        return model, None
+    par = job.parallel
+    plan = apply_tp(model, job.dims.tp_mesh(job.device.type), job.tp_plan, par.loss_parallel, par.sequence_parallel)
+    job.vocab_parallel = plan.vocab_sharded
+    return model, f"tp {job.dims.tp} ({job.family.describe_tp(job.tp_plan, plan.vocab_sharded, par.sequence_parallel)})"
+
+
+def _expert_parallel(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
+    return model, _not_yet(job.dims, "ep", "expert parallelism (a mixture-of-experts model's experts over ep ranks)")
+
+
+def _activation_checkpointing(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
+    job.blocks = find_blocks(model, job.parallel.shard_modules)  # after TP: the same modules, split in place
+    spec = job.parallel.activation_checkpointing
+    if spec == "none":
+        return model, None
+    n = apply_activation_checkpointing(job.blocks, spec)
+    return model, f"activation checkpointing ({spec}: {n} of {len(job.blocks)} blocks)"
+
+
+def _compile(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
+    par, device_type = job.parallel, job.device.type
+    apply_compile(model, job.blocks, par.compile, device_type, checkpointing=par.activation_checkpointing)
+    mode = resolve_compile(par.compile, device_type)
+    return model, None if mode == "off" else f"compile ({mode})"
+
+
+def _data_parallel(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
+    if job.parallel.offload and not job.dims.fsdp_enabled:
+        raise ConfigError(
+            "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
+            f"not {job.dims.strategy!r}"
+        )
+    wrapped = for_dims(job.dims).wrap(model, job.dims, WrapSettings(job.parallel, job.precision, job.device))
+    d = job.dims
+    over = {"fsdp": f"dp_shard {d.dp_shard}", "hsdp": f"dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard}"}
+    over["ddp"] = f"dp_replicate {d.dp_replicate}"
+    return wrapped, f"{d.strategy} over {over[d.strategy]}" if d.strategy in over else None
+
+
+ORDER: tuple[tuple[str, Step], ...] = (
+    ("pipeline", _pipeline),
+    ("tensor parallel", _tensor_parallel),
+    ("expert parallel", _expert_parallel),
+    ("activation checkpointing", _activation_checkpointing),
+    ("compile", _compile),
+    ("data parallel", _data_parallel),
+)
+"""The steps, in the order they apply (torchtitan's): each sees what the ones before it made."""
+
+
+def _not_yet(dims: ParallelDims, name: str, what: str) -> str | None:
+    """None where the degree ``name`` is 1; else a ConfigError: the layout admits it, no step applies it yet."""
+    degree = getattr(dims, name)
+    if degree == 1:
+        return None
+    raise ConfigError(
+        f"the layout {dims.describe()} has {name} {degree}: ParallelDims admits it, but parallelize does not apply "
+        f"{what} yet; set {name} to 1"
+    )
+
+
+def _check_process_group(dims: ParallelDims) -> None:
     if dims.world_size > 1 and not dist.is_initialized():
         raise RuntimeError(
             f"strategy {dims.strategy!r} over {dims.world_size} ranks needs a process group; "
             "start the script with `disttrain launch -n N script.py` (or torchrun) and call init_distributed()"
-        )
-    unbuilt = {name: getattr(dims, name) for name in ("pp", "cp", "ep") if getattr(dims, name) > 1}
-    if unbuilt:
-        raise ConfigError(
-            f"the layout {dims.describe()} has {', '.join(f'{k} {v}' for k, v in unbuilt.items())}: ParallelDims "
-            "admits these degrees, but parallelize does not apply them yet; set them to 1"
-        )
-    if parallel.offload and not dims.fsdp_enabled:
-        raise ConfigError(
-            "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
-            f"not {dims.strategy!r}"
         )
 
 
@@ -115,11 +197,11 @@ def parallelize(
     device: torch.device | None = None,
     tp_plan: str = "auto",
 ) -> Parallelized:
-    """Apply the configured strategy to ``model``; a meta-device model is materialised here.
+    """Apply the layout to ``model``, step by step in :data:`ORDER`; a meta-device model is materialised here.
 
     With ``parallel.tp`` > 1 the model is first split over the TP mesh dimension by ``tp_plan``
-    (``model.tp_plan``: :func:`disttrain.parallel.tp_plans.plan_for`), then activation checkpointing, compile
-    and the data-parallel strategy are applied as without it (torchtitan's order).
+    (``model.tp_plan``: :func:`disttrain.parallel.families.plan_for`, the model family's plan for ``auto``), then
+    activation checkpointing, compile and the data-parallel strategy are applied as without it.
 
     Without ``dims``, the layout comes from the running process group (or a single process) and
     ``parallel.strategy``; without ``device``, this rank's current device; a ``precision.dtype`` of ``auto``
@@ -133,16 +215,13 @@ def parallelize(
     device = device or current_device()
     if precision.dtype == "auto":
         precision = resolve_precision(precision, device.type)
-    _check_layout(dims, parallel)
-    vocab_parallel = False
-    if dims.tp > 1:
-        mesh = dims.tp_mesh(device.type)
-        vocab_parallel = apply_tp(
-            model, mesh, tp_plan, parallel.loss_parallel, parallel.sequence_parallel
-        ).vocab_sharded
-    blocks = find_blocks(model, parallel.shard_modules)
-    apply_compile(model, blocks, parallel.compile, device.type, checkpointing=parallel.activation_checkpointing)
-    if parallel.activation_checkpointing != "none":
-        apply_activation_checkpointing(blocks, parallel.activation_checkpointing)
-    wrapped = for_dims(dims).wrap(model, dims, WrapSettings(parallel, precision, device))
-    return Parallelized(wrapped, model, dims, device, precision.dtype, vocab_parallel)
+    _check_process_group(dims)
+    _not_yet(dims, "cp", "context parallelism (attention over sequence shards, a context of the training step)")
+    job = _Job(dims, parallel, precision, device, family_of(model), tp_plan)
+    original, applied = model, []
+    for _, step in ORDER:
+        model, did = step(model, job)
+        applied += [did] if did else []
+    return Parallelized(
+        model, original, dims, device, precision.dtype, job.vocab_parallel, job.family.name, tuple(applied)
+    )

@@ -22,8 +22,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
 from disttrain.errors import ConfigError
+from disttrain.parallel.families import plan_for
 from disttrain.parallel.tp_gpt2 import is_conv1d
-from disttrain.parallel.tp_plans import TPPlan, plan_for
+from disttrain.parallel.tp_plans import TPPlan
 
 
 def apply_tp(

@@ -1,6 +1,6 @@
 """Tensor-parallel plans: which module is split how, for the built-in GPT, Hugging Face models (their config's
 own ``base_model_tp_plan``; GPT-2's from :mod:`disttrain.parallel.tp_gpt2`) and a user's
-``--model.tp-plan pkg.mod:fn``.
+``--model.tp-plan pkg.mod:fn``; which one a model gets is its family's to say (:mod:`disttrain.parallel.families`).
 
 A :class:`TPPlan` is what ``parallelize_module`` takes (module paths, ``*`` matching one name, to
 ``ParallelStyle`` objects) plus what the checks need: the attention modules' head counts, and the modules
@@ -124,23 +124,6 @@ def user_plan(spec: str, model: nn.Module) -> TPPlan:
             "paths to styles (ColwiseParallel(), RowwiseParallel(), or 'colwise' / 'rowwise')"
         )
     return TPPlan({str(k): style_of(v, f"model.tp_plan {spec!r}[{k!r}]") for k, v in raw.items()})
-
-
-def plan_for(model: nn.Module, spec: str, loss_parallel: bool, sequence_parallel: bool = True) -> TPPlan:
-    """The plan ``model.tp_plan`` names (auto: the GPT's, or the Hugging Face model's own), or a ConfigError."""
-    if spec != "auto":
-        return user_plan(spec, model)
-    if isinstance(model, GPT):
-        return gpt_plan(model, loss_parallel, sequence_parallel)
-    plan = hf_plan(model)
-    if plan is None:
-        raise ConfigError(
-            f"parallel.tp > 1, but there is no tensor-parallel plan for {type(model).__name__} (plans are built in "
-            "for the GPT, Hugging Face GPT-2 and Hugging Face models with a base_model_tp_plan); "
-            "pass --model.tp-plan pkg.mod:fn "
-            "(fn(model) -> {module path: 'colwise' | 'rowwise' | ParallelStyle}), or use --parallel.tp 1"
-        )
-    return plan
 
 
 def style_of(value: Any, where: str) -> ParallelStyle:

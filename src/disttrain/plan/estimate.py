@@ -415,8 +415,8 @@ def _tp_plan(
 ) -> tuple[dict[str, Any] | None, list[int]]:
     """The model's TP styles and the degrees its plan allows (heads and widths divide); where the model has no
     TP plan, none (a ConfigError only when ``required``: the job asked for tp > 1)."""
+    from disttrain.parallel.families import plan_for
     from disttrain.parallel.tp import check_plan
-    from disttrain.parallel.tp_plans import plan_for
 
     par = cfg.parallel
     try:

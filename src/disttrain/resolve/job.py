@@ -97,8 +97,8 @@ def check_tp_fits(cfg: JobConfig, tp: int) -> None:
     """The model's tensor-parallel plan exists and divides by ``tp`` (checked on a meta-device build, here in the
     parent: a mistake is one line, not N failing workers)."""
     from disttrain.build import build_data, build_model, vocab_size
+    from disttrain.parallel.families import plan_for
     from disttrain.parallel.tp import check_plan  # (DTensor's import, ~0.6 s: only for a job with tp > 1)
-    from disttrain.parallel.tp_plans import plan_for
 
     train, _, text = build_data(cfg)
     model = build_model(cfg, vocab_size(train, text), on_meta=True)
