@@ -49,8 +49,8 @@ GOALS = {
     "loader": H.Goal("loader / trainer tokens/s per rank", 20),
 }
 OPTIONS = {
-    "parts": ("prepare,scale", "which parts, comma-separated"),
     **H.options(rounds=5, steps=6),
+    "parts": ("prepare,scale", "which parts, comma-separated"),
     "vocab": (8192, "the BPE's vocabulary"),
     "mb": (60, "prepare: MB of generated .jsonl"),
     "big_gb": (4.0, "scale: the big prepared folder, GB"),

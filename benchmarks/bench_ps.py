@@ -71,6 +71,7 @@ GOALS = {
     "auc": H.Goal("|AUC gap|", 0.003, False),
     "tutorial": H.Goal("samples/s, disttrain ps / the tutorial pattern", 3.0),
 }
+STEPS = {"baseline": PSJobConfig().train.steps, "tutorial": 60, "plan": 200}
 OPTIONS = {
     "parts": ("baseline,tutorial,plan", "which parts, comma-separated"),
     "rounds": (3, "baseline and plan: rounds of every variant"),
@@ -80,7 +81,6 @@ OPTIONS = {
     "rates": (["20mbit", "100mbit"], "plan: rates of the two hosts' link"),
 }
 QUICK = {"rounds": 1, "steps": 20, "rpc_calls": 50, "tables": [10_000, 1_000, 100], "rates": ["100mbit"]}
-STEPS = {"baseline": PSJobConfig().train.steps, "tutorial": 60, "plan": 200}
 BASELINE = {  # label: the command's options
     "disttrain ps (default job: 2 processes, each a trainer and a server, overlapped steps)": "",
     "disttrain ps --ps.overlap off (every read after every update: one process exactly)": "--ps.overlap off",
