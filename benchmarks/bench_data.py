@@ -1,24 +1,34 @@
-"""Data at scale: a 4 GB prepared corpus costs no more memory or start-up than a 40 MB one, and the loader never
-sets the pace of the default model (prepared shards; the on-the-fly path's pace recorded).
+"""Data (``--parts``, default both): ``disttrain data prepare``'s throughput, and a 4 GB prepared corpus costing no
+more memory or start-up than a 40 MB one, the loader never setting the pace of the default model.
 
-1. **RSS and start-up**: two prepared folders (``bytes`` tokenizer, random ids) *written directly* with the shards
-   module (``data prepare`` of 4 GB would take most of an hour on 2 cores), ``--big-gb`` and ``--small-mb``;
-   ``--rounds`` rounds, order alternating, of ``disttrain run`` (the default model, 2 ranks, ``--steps`` steps).
-   Figures: peak RSS per rank and the time from the launch to the first step's record; goals: the paired ratios
-   big / small <= 1.10 (RSS) and <= 1.2 (time).
-2. **Loader vs trainer**: the trainer's tokens/s per rank against rank 0's loader alone over the big folder
-   (``GlobalBatchLoader.next_step``). Goal >= 20x. The on-the-fly path: one job each on ``--raw-mb`` of generated
-   ``.jsonl`` with ``bytes`` and a byte-level BPE; its ``data:`` line recorded.
+``prepare``: ``disttrain data prepare`` vs a user's plain single-process loop calling the same tokenizer. A corpus
+   of ``--mb`` MB of generated multi-document ``.jsonl`` (4 files) and a byte-level BPE trained on it (``bpe:VOCAB``
+   through ``data prepare``) are made once; then ``--rounds`` rounds, the order alternating, of ``disttrain data
+   prepare FILES --tokenizer tokenizer.json --out DIR`` (its own process, every core) and of the loop a user writes
+   (:data:`PLAIN`: encode line by line, ``np.array(ids, uint16).tofile``), both timed as whole processes. Figures:
+   MB/s and tokens/s of each; the paired ratio plain time / prepare time (goal >= 1.7).
+``scale``: 1. **RSS and start-up**: two prepared folders (``bytes`` tokenizer, random ids) *written directly* with
+   the shards module (``data prepare`` of 4 GB would take most of an hour on 2 cores), ``--big-gb`` and
+   ``--small-mb``; ``--rounds`` rounds, order alternating, of ``disttrain run`` (the default model, 2 ranks,
+   ``--steps`` steps). Figures: peak RSS per rank and the time from the launch to the first step's record; goals:
+   the paired ratios big / small <= 1.10 (RSS) and <= 1.2 (time). 2. **Loader vs trainer**: the trainer's tokens/s
+   per rank against rank 0's loader alone over the big folder (``GlobalBatchLoader.next_step``). Goal >= 20x. The
+   on-the-fly path: one job each on ``--raw-mb`` of generated ``.jsonl`` with ``bytes`` and a byte-level BPE; its
+   ``data:`` line recorded.
 
-    .venv/bin/python -m benchmarks.bench_data [--big-gb 4] [--small-mb 40] [--rounds 5] [--steps 6]
+    .venv/bin/python -m benchmarks.bench_data [--parts prepare,scale] [--mb 60] [--rounds 5] [--vocab 8192]
+                                              [--big-gb 4] [--small-mb 40] [--steps 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 import zlib
@@ -28,24 +38,96 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness as H
-from benchmarks.bench_prepare import make_corpus, train_bpe
 from disttrain.data.shards import FORMAT, INDEX, Shard, dtype_for, shard_name, write_json
 from disttrain.data.tokenizers import bytes_tokenizer
+from disttrain.testing.launch import DISTTRAIN
 
 GOALS = {
+    "prepare": H.Goal("plain loop time / data prepare time", 1.7),
     "rss": H.Goal("peak RSS, big / small corpus", 1.10, higher_is_better=False),
     "start": H.Goal("time to step 1, big / small corpus", 1.2, higher_is_better=False),
     "loader": H.Goal("loader / trainer tokens/s per rank", 20),
 }
 OPTIONS = {
-    "big_gb": (4.0, "the big prepared folder, GB"),
-    "small_mb": (40, "the small prepared folder, MB"),
-    "raw_mb": (20, "generated .jsonl for the on-the-fly jobs, MB"),
     **H.options(rounds=5, steps=6),
-    "vocab": (8192, "the on-the-fly BPE's vocabulary"),
+    "parts": ("prepare,scale", "which parts, comma-separated"),
+    "vocab": (8192, "the BPE's vocabulary"),
+    "mb": (60, "prepare: MB of generated .jsonl"),
+    "big_gb": (4.0, "scale: the big prepared folder, GB"),
+    "small_mb": (40, "scale: the small prepared folder, MB"),
+    "raw_mb": (20, "scale: generated .jsonl for the on-the-fly jobs, MB"),
 }
-QUICK = {"big_gb": 0.05, "small_mb": 10, "raw_mb": 1, "rounds": 1, "steps": 3, "vocab": 512}
+QUICK = {"mb": 2, "big_gb": 0.05, "small_mb": 10, "raw_mb": 1, "rounds": 1, "steps": 3, "vocab": 512}
 SHARD_TOKENS = 1 << 26
+PLAIN = """
+import json, sys
+import numpy as np
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+eot = tok.token_to_id("<|endoftext|>")
+ids = []
+for name in sys.argv[3:]:
+    with open(name) as f:
+        for line in f:
+            ids.extend(tok.encode(json.loads(line)["text"]).ids + [eot])
+np.array(ids, dtype=np.uint16).tofile(sys.argv[2])
+print(len(ids))
+"""
+WORDS = [w for line in (H.ROOT / "README.md").read_text().split() for w in [line.strip("`*|#()[]")] if w.isalpha()]
+
+
+def make_corpus(folder: Path, mb: float) -> list[Path]:
+    """4 .jsonl files of about ``mb`` MB in all: documents of 20-600 words drawn from the README's words."""
+    rng = random.Random(0)
+    files = [folder / f"part{i}.jsonl" for i in range(4)]
+    for path in files:
+        with open(path, "w") as f:
+            size = 0
+            while size < mb * 2**20 / len(files):
+                line = json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(20, 600)))}) + "\n"
+                size += f.write(line)
+    return files
+
+
+def train_bpe(corpus: Path, vocab: int, out: Path) -> Path:
+    """A byte-level BPE of ``vocab`` ids trained by ``data prepare`` on ``corpus``: its tokenizer.json."""
+    H.command([str(DISTTRAIN), "data", "prepare", str(corpus), "--tokenizer", f"bpe:{vocab}", "--out", str(out)])
+    return out / "tokenizer.json"
+
+
+def run_prepare(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
+    try:
+        files = [str(f) for f in make_corpus(work, args.mb)]
+        tok = str(train_bpe(Path(files[0]), args.vocab, work / "trained"))
+        fresh = itertools.count()
+
+        def prepare() -> H.Ran:
+            out = work / f"prepare{next(fresh)}"
+            options = ["--tokenizer", tok, "--out", str(out), "--val-fraction", "0"]
+            ran = H.command([str(DISTTRAIN), "data", "prepare", *files, *options])
+            shutil.rmtree(out)
+            return ran
+
+        def plain() -> H.Ran:
+            out = work / "plain.bin"
+            ran = H.command([sys.executable, "-c", PLAIN, tok, str(out), *files])
+            out.unlink()
+            return ran
+
+        runs = H.side_by_side({"prepare": prepare, "plain": plain}, args.rounds)
+        size = sum(Path(f).stat().st_size for f in files)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    times = {n: [r.wall_s for r in rs] for n, rs in runs.items()}
+    tokens = int(runs["plain"][0].stdout.split()[-1])
+    med = {n: H.median(ts) for n, ts in times.items()}
+    rows = [
+        {"variant": n, "s (median)": t, "MB/s": size / t / 1e6, "M tokens/s": tokens / t / 1e6} for n, t in med.items()
+    ]
+    H.table(rows, f"{size / 1e6:.0f} MB, {tokens:,} tokens")
+    goals = [GOALS["prepare"].check(H.paired_ratio(times["plain"], times["prepare"]))]
+    return {"bytes": size, "tokens": tokens, "rows": rows, "goals": goals, "times": times}
 
 
 def write_prepared(folder: Path, total_bytes: int, seed: int = 0) -> Path:
@@ -119,7 +201,7 @@ def on_the_fly(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-data-"))
     try:
         runs, loader = scale(args, work)
@@ -143,7 +225,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"on the fly, {name}: {r['pace']}")
     goals = [GOALS["rss"].check(ratios["rss"]), GOALS["start"].check(ratios["first_step_s"])]
     goals.append(GOALS["loader"].check(loader / trainer_rank))
-    return {"name": "data", "rows": rows, "goals": goals, "loader_tokens_per_s": loader, "runs": runs, "raw": raw}
+    return {"rows": rows, "goals": goals, "loader_tokens_per_s": loader, "runs": runs, "raw": raw}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return H.parts(args, __file__, {"prepare": run_prepare, "scale": run_scale})
 
 
 if __name__ == "__main__":

@@ -264,13 +264,8 @@ def run_root_units(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    parts = args.parts.split(",")
-    steps = {"zero": run_zero, "measure": run_measure, "throughput": run_throughput, "root_units": run_root_units}
-    if unknown := set(parts) - set(steps):
-        raise SystemExit(f"unknown --parts {sorted(unknown)}; choose from {', '.join(steps)}")
-    results: dict[str, Any] = {part: steps[part](args) for part in steps if part in parts}
-    goals = [g for r in results.values() for g in r.pop("goals", [])]
-    return {"name": "bench_memory_plan" + ("" if len(parts) == 4 else "_" + "_".join(parts)), "goals": goals, **results}
+    runs = {"zero": run_zero, "measure": run_measure, "throughput": run_throughput, "root_units": run_root_units}
+    return H.parts(args, __file__, runs)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,13 @@ Part 2, the default 2-rank job (DDP, global batch 16): its MFU as the Trainer co
 measures at start-up) and against the peak measured after every round, with and without the gradient
 all-reduce (``no_sync`` on every step: the cost of communication). Goal: MFU >= 35% (part 1).
 
-    .venv/bin/python -m benchmarks.bench_mfu [--rounds 12] [--skip-2rank] [--compile] [--dtype fp32|bf16]
+Part 3, bf16 mixed precision vs fp32, one process: two Trainers on the default GPT, ``precision.dtype`` bf16 and
+fp32, the same seed and batches, blocks of ``--steps-per-block`` steps alternating; the throughput ratio and the
+final losses of the short run. Goal: bf16 >= 2.5x fp32. ``--before`` adds both with the implementation choices of
+the code before cbd42a5 forced back (:func:`apply_variant`), to reproduce the ratio measured then.
+
+    .venv/bin/python -m benchmarks.bench_mfu [--parts single,ddp,precision] [--rounds 12] [--compile]
+                                             [--dtype fp32|bf16] [--before]
 """
 
 from __future__ import annotations
@@ -38,18 +44,21 @@ import torch.nn.functional as F
 
 from benchmarks import harness as H
 
-GOAL = H.Goal("MFU of one process, as is", 0.35)
+GOALS = {"mfu": H.Goal("MFU of one process, as is", 0.35), "precision": H.Goal("bf16 / fp32 throughput", 2.5)}
 OPTIONS = {
-    **H.options(rounds=12),  # one step of each variant per round
-    "warmup": (2, "untimed steps per variant first"),
+    "parts": ("single,ddp,precision", "which parts, comma-separated (1: single, 2: ddp, 3: precision)"),
+    **H.block_options(rounds=12, steps_per_block=2, warmup=2),  # parts 1-2: one step of each variant per round
     "dtype": ("auto", "auto: what precision auto picks on this CPU", ("auto", "fp32", "bf16")),
     "profile_steps": (3, "steps under torch.profiler"),
     "rounds_2rank": (6, "part 2's timed rounds"),
-    "skip_2rank": (False, "leave out part 2"),
-    "compile": (False, "add parallel.compile = blocks and = model variants"),
-    "skip_before": (False, "leave out the SDPA and code-before-cbd42a5 variants"),
+    "compile": (False, "part 1: add parallel.compile = blocks and = model variants"),
+    "skip_before": (False, "part 1: leave out the SDPA and code-before-cbd42a5 variants"),
+    "micro_batch": (8, "part 3: micro-batch"),
+    "loss_window": (4, "part 3: final loss = mean of the last N step losses"),
+    "before": (False, "part 3: add variants with the choices before cbd42a5"),
 }
-QUICK = {"rounds": 1, "warmup": 1, "profile_steps": 1, "rounds_2rank": 1, "skip_before": True}
+QUICK = {**H.QUICK_BLOCKS, "profile_steps": 1, "rounds_2rank": 1, "skip_before": True, "micro_batch": 2}
+QUICK |= {"loss_window": 1}
 BEFORE = ("attention: SDPA", "GELU: tanh", "AdamW: foreach")  # the code before cbd42a5
 COMPILE_MODES = {"compile: blocks": "blocks", "compile: model": "model"}
 
@@ -229,7 +238,7 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
         runners, steps_per_block=1, rounds=args.rounds, warmup=max(args.warmup - 1, 0), between_rounds=measure
     )
     flops = trainers["as is"].flops_per_sample * 8
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"variant": n, "ms/step": H.median(t) * 1e3, "MFU": round_mfu(flops, t, peaks)}
         | H.ratio(times["as is"], t)
         | {"1st step +s": first_s[n] - H.median(t), "first loss": first[n][0].losses[0] if n in first else "-"}
@@ -244,9 +253,10 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
     profiles = {
         n: profile_steps(trainers[n], args.profile_steps) for n in ("as is", "compile: blocks") if n in trainers
     }
-    return {"dtype": args.dtype, "peaks": peaks, "flops_per_step": flops, "rows": rows, "profiles": profiles} | {
-        "times_s_per_step": times
-    }
+    mfu = {r["variant"]: r["MFU"] for r in rows}
+    print(f"MFU ceiling, the GEMMs alone: {mfu['GEMMs only']:.1%}")
+    out = {"dtype": args.dtype, "peaks": peaks, "flops_per_step": flops, "rows": rows, "profiles": profiles}
+    return out | {"times_s_per_step": times, "goals": [GOALS["mfu"].check(mfu["as is"])]}
 
 
 # -- part 2: the default 2-rank job ---------------------------------------------------------------------
@@ -287,21 +297,49 @@ def two_ranks(args: argparse.Namespace) -> dict[str, Any]:
         f"{H.median(peaks):.3f} TFLOP/s measured after each round while both ranks run (the Trainer's start-up "
         f"figure: {start_peak:.3f})",
     )
+    print(f"MFU, the default 2-rank DDP job (the Trainer's way): {rows[0]['MFU vs start-up peak']:.1%}")
     return {"rows": rows, "peaks": peaks, "trainer_start_up_peak": start_peak, "times_s_per_step": times}
+
+
+# -- part 3: bf16 against fp32 --------------------------------------------------------------------------
+def precision(args: argparse.Namespace) -> dict[str, Any]:
+    """bf16 and fp32 Trainers (and, ``--before``, both with the choices before cbd42a5), blocks interleaved."""
+    env, data = H.init_ranks(), H.text(256)
+    total = args.warmup + args.rounds * args.steps_per_block
+    names = ["fp32", "bf16"] + (["fp32, before", "bf16, before"] if args.before else [])
+    losses: dict[str, list[float]] = {n: [] for n in names}
+
+    def runner(name: str) -> Callable[[int], None]:
+        sections: dict[str, Any] = {"precision": {"dtype": name[:4]}, "optim": {"warmup_steps": 5}}
+        sections["parallel"] = {"strategy": "single"}
+        trainer = H.trainer(H.job(micro_batch=args.micro_batch, steps=total, **sections), data, env)
+        apply_variant(trainer, BEFORE if "before" in name else ())
+        return lambda n: losses[name].extend(H.fit_for(trainer, n).losses)
+
+    times = H.interleave({n: runner(n) for n in names}, **H.blocks(args))
+    w = min(args.loss_window, total)
+    final = {n: sum(losses[n][-w:]) / w for n in names}
+    rows = [
+        {"variant": n, "ms/step": H.median(times[n]) * 1e3, "tokens/s": args.micro_batch * 256 / H.median(times[n])}
+        | {f"final loss (last {w})": final[n], "first loss": losses[n][0]}
+        for n in names
+    ]
+    H.table(rows, f"\nPart 3: bf16 vs fp32, 1 process x 1 thread, default GPT, micro-batch {args.micro_batch}")
+    figures = []
+    for suffix in ("", ", before")[: 1 + args.before]:
+        label = "as is" if not suffix else "code before cbd42a5 (SDPA, tanh GELU, foreach AdamW)"
+        bf16, fp32 = f"bf16{suffix}", f"fp32{suffix}"
+        figures.append({"figure": f"bf16 / fp32 throughput, {label}", **H.ratio(times[fp32], times[bf16])})
+        figures[-1]["final loss bf16 - fp32"] = final[bf16] - final[fp32]
+    H.table(figures)
+    goals = [GOALS["precision"].check(figures[0]["ratio"])]
+    return {"rows": rows, "figures": figures, "goals": goals, "losses": losses, "times_s_per_step": times}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     H.one_thread()
     args.dtype = H.dtype(args.dtype)
-    out: dict[str, Any] = {"single_process": single_process(args)}
-    if not args.skip_2rank:
-        out["two_ranks_ddp"] = two_ranks(args)
-    mfu = {r["variant"]: r["MFU"] for r in out["single_process"]["rows"]}
-    print(f"MFU ceiling, the GEMMs alone: {mfu['GEMMs only']:.1%}")
-    if "two_ranks_ddp" in out:
-        ddp = out["two_ranks_ddp"]["rows"][0]
-        print(f"MFU, the default 2-rank DDP job (the Trainer's way): {ddp['MFU vs start-up peak']:.1%}")
-    return out | {"goals": [GOAL.check(mfu["as is"])]}
+    return H.parts(args, __file__, {"single": single_process, "ddp": two_ranks, "precision": precision})
 
 
 if __name__ == "__main__":

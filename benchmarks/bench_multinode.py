@@ -153,17 +153,6 @@ def measure(a: Host, b: Host, tmp: Path, data: Path, strategy: str, steps: int, 
 
 
 # -- a node dies --------------------------------------------------------------------------------------
-def wait_for_step(run: Path, step: int, procs: list[subprocess.Popen[str]], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (run / "metrics.jsonl").is_file() and f'"step": {step},' in (run / "metrics.jsonl").read_text():
-            return
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"the job ended before step {step}: exit codes {[p.poll() for p in procs]}")
-        time.sleep(0.02)
-    raise RuntimeError(f"step {step} never came")
-
-
 def death_to_error(tmp: Path, data: Path, port: int) -> dict[str, Any]:
     name = "death"
     extra = ("--parallel.timeout-s", "20", "--checkpoint.interval", "4")
@@ -171,7 +160,8 @@ def death_to_error(tmp: Path, data: Path, port: int) -> dict[str, Any]:
     with two_hosts() as (a, b):
         procs = launch(a, b, args, port, tmp / name)
         try:
-            wait_for_step(tmp / name, 6, procs)
+            metrics = tmp / name / "metrics.jsonl"
+            H.wait_for("step 6", lambda: metrics.is_file() and '"step": 6,' in metrics.read_text(), procs, 300)
         except Exception:
             for h in (a, b):
                 h.kill_all()

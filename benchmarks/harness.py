@@ -178,6 +178,19 @@ def main(
     return results
 
 
+def parts(args: argparse.Namespace, script: str, runs: Mapping[str, Callable[..., dict[str, Any]]]) -> dict[str, Any]:
+    """The parts of a benchmark that ``--parts`` names (comma-separated, or a list), in the order of ``runs``:
+    each part's results under its name, all their goals together; the results' name ``NAME_PART...`` unless
+    every part ran."""
+    chosen = args.parts.split(",") if isinstance(args.parts, str) else list(args.parts)
+    if unknown := set(chosen) - set(runs):
+        raise SystemExit(f"unknown --parts {sorted(unknown)}; choose from {', '.join(runs)}")
+    results = {part: run(args) for part, run in runs.items() if part in chosen}
+    goals = [g for r in results.values() for g in r.pop("goals", [])]
+    name = Path(script).stem + ("" if len(results) == len(runs) else "_" + "_".join(results))
+    return {"name": name, "goals": goals, **results}
+
+
 # -- side by side -------------------------------------------------------------------------------------
 def side_by_side(
     variants: Mapping[str, Callable[[], T]],
@@ -306,6 +319,25 @@ def command(
     if error and check:
         raise SystemExit(f"{' '.join(cmd[:6])} failed ({error}):\n{out[-2000:]}{err[-3000:]}")
     return Ran(wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, out, err, error)
+
+
+class NotYet(RuntimeError):
+    """What :func:`wait_for` waited for did not come: the process it watched ended first, or time ran out."""
+
+
+def wait_for(what: str, found: Callable[[], Any], procs: Sequence[Any] = (), timeout_s: float = 240.0) -> Any:
+    """Poll ``found`` (every 20 ms) until it returns something truthy, and return that; :class:`NotYet` when one of
+    ``procs`` (``subprocess.Popen``) ends first (after a last look) or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := found():
+            return value
+        if ended := [p.returncode for p in procs if p.poll() is not None]:
+            if value := found():
+                return value
+            raise NotYet(f"the job ended (exit {ended[0]}) while waiting for {what}")
+        time.sleep(0.02)
+    raise NotYet(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def disttrain(*args: str, root: Path, name: str, **options: Any) -> Ran:

@@ -53,10 +53,6 @@ OPTIONS = {
 QUICK = {"steps": 100, "faults": 5}  # one of each kind
 
 
-class SoakError(RuntimeError):
-    """The job did not get through a fault (or ended before the soak was done): the message says where."""
-
-
 @dataclass(frozen=True)
 class Planned:
     """One fault of the draw: its kind, the step from which it acts, the rank it hits, and whether the job
@@ -144,18 +140,9 @@ class Driver:
         self.events = JsonLines(run / "health" / "events.jsonl")
         self.stopped: list[int] = []  # pids this driver stopped: killed at the end if anything is left of them
 
-    def wait(self, what: str, found: Callable[[], Any], timeout_s: float = 240.0) -> Any:
-        """Poll ``found`` until it returns something truthy; SoakError when the job ends or time runs out."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if value := found():
-                return value
-            if self.proc.poll() is not None:
-                if value := found():
-                    return value
-                raise SoakError(f"the job ended (exit {self.proc.returncode}) while waiting for {what}")
-            time.sleep(0.02)
-        raise SoakError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    def wait(self, what: str, found: Callable[[], Any]) -> Any:
+        """``found()`` once it is truthy; :class:`~benchmarks.harness.NotYet` when the job ends or time runs out."""
+        return H.wait_for(what, found, [self.proc])
 
     def at_step(self, step: int) -> None:
         self.wait(f"step {step}", lambda: (r := self.metrics.poll()) and r[-1]["step"] >= step)
@@ -435,7 +422,7 @@ def deal_all(driver: Driver, plan: list[Planned]) -> tuple[list[Outcome], str | 
         print(f"fault {i + 1}/{len(plan)}: {p.kind} ({p.how}) of rank {p.rank} from step {p.step}", flush=True)
         try:
             out = driver.deal(p)
-        except SoakError as e:
+        except H.NotYet as e:
             outcomes.append(Outcome(p, note=str(e)))
             return outcomes, f"fault {i + 1} ({p.kind}): {e}"
         print(f"  trains again {out.seconds:.2f}s after it; {out.note}", flush=True)

@@ -113,7 +113,7 @@ def test_bound_0_is_bsp_bit_for_bit_and_the_default_bound_keeps_the_auc(tmp_path
     assert cached["bytes_per_step"] < ref["bytes_per_step"]
     assert overlap != plain and [s for s, _ in overlap] == list(range(1, 151))  # every step logged once, in order
     assert lapped["max_staleness"] == 1
-    # 150 short steps feel one step of staleness most; the default job's gap is in bench_ps_baseline (<= 0.003)
+    # 150 short steps feel one step of staleness most; the default job's gap is in bench_ps's baseline part (<= 0.003)
     assert lapped["final"]["auc"] == pytest.approx(ref["final"]["auc"], abs=0.005)
 
 
