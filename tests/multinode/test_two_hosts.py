@@ -186,8 +186,9 @@ def test_an_elastic_job_goes_on_alone_when_a_host_dies(tmp_path: Path, small_tex
     print("elastic: training again", time.monotonic() - died, "s after the host died;", restart[-3:])
 
 
+@pytest.mark.timing  # the plan's samples/s against the job's
 def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_over_it(tmp_path: Path) -> None:
-    """Two hosts joined by a 20 Mbit/s link (tc), each in its own PID namespace (else TensorPipe copies tensors
+    """Two hosts joined by a 10 Mbit/s link (tc), each in its own PID namespace (else TensorPipe copies tensors
     between them in memory): doctor checks the rendezvous, the clocks and the links within minutes, and caches
     the RPC link and that both "nodes" share one machine; `ps --plan` for 2 nodes predicts, from it, the
     samples/s the ps job then reaches over it."""
@@ -198,7 +199,7 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
     job += ["--run.root", str(tmp_path), "--run.name", "two"]
     with two_hosts(own_pids=True) as (a, b):
         for h in (a, b):
-            h.limit("20mbit")
+            h.limit("10mbit")  # slow enough that the messages set the step even where a busy machine slows compute
         nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}"]
         ra, rb = finish(
             [
@@ -214,7 +215,7 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
         assert "all-reduce across nodes" in lines["inter-node"] and lines["inter-node"].startswith("WARN"), ra.stdout
         assert f"{a.addr}:{PORT} answers" in rb.stdout and "joined the test" in rb.stdout, rb.stdout
         rate = float(lines["rpc"].split("; ")[1].split()[0])  # '... ping rank 0 -> rank 3: 0.6 ms; 2.31 MB/s one way'
-        assert 1.2 < rate < 2.6 and "MB/s one way" in lines["rpc"], lines["rpc"]  # 20 Mbit/s is 2.5 MB/s
+        assert 0.6 < rate < 1.3 and "MB/s one way" in lines["rpc"], lines["rpc"]  # 10 Mbit/s is 1.25 MB/s
         env = {"DISTTRAIN_CACHE_DIR": str(caches[0])}
         plan = subprocess.run(
             a.cmd(str(DISTTRAIN), *job, "--plan", "--launch.nnodes", "2"),
