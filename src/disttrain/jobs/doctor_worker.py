@@ -188,7 +188,9 @@ def _timed(op: Any, group: Any, device: torch.device, iters: int) -> list[float]
 
 
 def _compute_rates(device: torch.device) -> dict[str, Any]:
-    """One thread's (CPU) or the GPU's rates in fp32 and, where it is fast, bf16, each the best of 3 short
+    """One thread's (CPU) or the GPU's rates in fp32 and bf16 (on a GPU where it has bf16; on every CPU, where an
+    emulated bf16 is measured on small matmuls in about a second: a bf16 plan must know it is slow, and a figure
+    missing from the cache had every bf16 plan measure the whole machine again), each the best of 3 short
     windows (a busy machine's other processes take some of them): ``matmul_tflops``, the square-matmul TFLOP/s,
     and ``elementwise_rate``, the elements per second of a block's element-wise work; on a CPU also
     ``op_overhead_s``, the framework time per operator (:mod:`disttrain.jobs.framework_probe`)."""
@@ -196,7 +198,8 @@ def _compute_rates(device: torch.device) -> dict[str, Any]:
     from disttrain.utils.peak import measure_elementwise_rate, measure_matmul_tflops, one_thread
 
     n = 8192 if device.type == "cuda" else 1024  # a GPU needs big matmuls to reach its peak
-    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if fast_bf16(device.type) else {})}
+    bf16 = device.type == "cpu" or fast_bf16(device.type)
+    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if bf16 else {})}
     probes = {
         "matmul_tflops": lambda dt: measure_matmul_tflops(device, dt, seconds=0.07, n=n),
         "elementwise_rate": lambda dt: measure_elementwise_rate(device, dt, seconds=0.05),
