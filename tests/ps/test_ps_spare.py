@@ -101,8 +101,10 @@ def test_spares_need_checkpoints_bsp_and_servers_of_their_own(tmp_path: Path) ->
 def test_an_asp_trainer_killed_mid_run_leaves_the_others_training_and_the_run_folder_names_it(tmp_path: Path) -> None:
     asp = [*JOB[: JOB.index("--ps.spare-servers")], "--ps.mode", "asp", "--ps.colocate", "off"]
     asp += ["--train.batch", "64", "--train.steps", "60", "--train.eval-interval", "0", "--train.eval-samples", "2000"]
-    # trainer1 (rank 1) dies as its step 10 starts; trainer 0 takes 50 ms a step from step 12 on (time to notice)
-    kill = {"DISTTRAIN_FAULT": "ps_trainer_kill:10:1,ps_slow:12:0"}
+    # trainer 1 (rank 1) takes 50 ms more a step, so trainer 0 runs ahead of it whatever the machine's load (it
+    # once lagged on a busy machine and never got past the dead trainer's clock), and dies as its step 20 starts;
+    # trainer 0 takes 50 ms a step from step 30 on (time for the servers to notice before it ends)
+    kill = {"DISTTRAIN_FAULT": "ps_trainer_kill:20:1,ps_slow:1:1,ps_slow:30:0"}
     run = disttrain("ps", *asp, "--run.root", str(tmp_path), "--run.name", "asp", env=kill, timeout=200)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "trainer1 (rank 1) exited with code -9; asp: the other trainers go on" in run.stderr, run.stderr
