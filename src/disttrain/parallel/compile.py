@@ -101,8 +101,9 @@ def compile_forward(module: nn.Module, what: str) -> None:
 
 def apply_compile(
     model: nn.Module, blocks: list[nn.Module], mode: str, device_type: str, *, checkpointing: str = "none"
-) -> None:
+) -> str:
     """Compile each of ``blocks`` (``mode="blocks"``) or the whole ``model`` (``"model"``); ``"off"``: nothing.
+    Returns the mode applied (``auto`` resolved).
 
     ``mode`` may be ``auto`` (resolved here for ``device_type``). Call after activation checkpointing
     (``checkpointing``: its spec, checked against the mode; its hooks stay outside the compiled forward either way
@@ -110,7 +111,7 @@ def apply_compile(
     """
     mode = resolve_compile(mode, device_type)
     if mode == "off":
-        return
+        return mode
     if mode == "blocks" and not blocks:
         raise ConfigError(
             "parallel.compile = 'blocks' compiles each block, and parallel.shard_modules finds none in this "
@@ -125,6 +126,7 @@ def apply_compile(
     check_compiler(device_type)
     if mode == "model":
         compile_forward(model, f"the model ({type(model).__name__})")
-        return
+        return mode
     for i, block in enumerate(blocks):
         compile_forward(block, f"block {i} ({type(block).__name__})")
+    return mode

@@ -59,7 +59,6 @@ GPT_FAMILY = Family("gpt", _gpt, loss_parallel=True, sequence_parallel=True)
 HF_GPT2 = Family("hf-gpt2", _hf)
 HF_DECODER = Family("hf-decoder", _hf)
 MODULE = Family("module", None)
-FAMILIES = (GPT_FAMILY, HF_GPT2, HF_DECODER, MODULE)
 
 
 def family_of(model: nn.Module) -> Family:

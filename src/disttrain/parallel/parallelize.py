@@ -27,7 +27,7 @@ from disttrain.config import ParallelConfig, PrecisionConfig
 from disttrain.errors import ConfigError
 from disttrain.parallel.activation import apply_activation_checkpointing
 from disttrain.parallel.clip import clip_grad_norm_
-from disttrain.parallel.compile import apply_compile, resolve_compile
+from disttrain.parallel.compile import apply_compile
 from disttrain.parallel.env import resolve_precision
 from disttrain.parallel.families import Family, family_of
 from disttrain.parallel.fsdp import find_blocks
@@ -140,8 +140,7 @@ def _activation_checkpointing(model: nn.Module, job: _Job) -> tuple[nn.Module, s
 
 def _compile(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
     par, device_type = job.parallel, job.device.type
-    apply_compile(model, job.blocks, par.compile, device_type, checkpointing=par.activation_checkpointing)
-    mode = resolve_compile(par.compile, device_type)
+    mode = apply_compile(model, job.blocks, par.compile, device_type, checkpointing=par.activation_checkpointing)
     return model, None if mode == "off" else f"compile ({mode})"
 
 
