@@ -1,6 +1,8 @@
 """``disttrain ps --plan``'s speed: this host's costs of one BSP step timed on the job's own samples and model
 (one thread, as each worker runs), the RPC links from doctor's cache (measured now when this host has none),
-and :func:`disttrain.ps.speed.predict`'s samples/s for the job's nodes, rendered as a few lines."""
+and :func:`disttrain.ps.speed.predict`'s samples/s for the job's nodes, rendered as a few lines. Every cost is
+timed on the CPU clock (a thread's or a process's CPU seconds), not the wall clock: what a step costs, whatever
+share of the cores other work leaves the plan while it measures, so a busy machine plans as a quiet one does."""
 
 from __future__ import annotations
 
@@ -42,8 +44,9 @@ def measure_costs(cfg: PSJobConfig, links: dict[str, Link]) -> StepCosts:
 
 def timed_pieces(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
     """A trainer's step (rows gathered, forward, backward, gradients summed per row, Adam: what the job's code
-    does beside its messages) and server 0's update, timed on one thread on the job's first ``steps`` global
-    batches (medians, after a warm-up step), and the distinct rows each trainer reads from each server."""
+    does beside its messages) and server 0's update, timed on one thread's CPU clock on the job's first
+    ``steps`` global batches (medians, after a warm-up step), and the distinct rows each trainer reads from each
+    server."""
     ps, train = cfg.ps, cfg.train
     log: ClickLog | CriteoFile = (
         ClickLog(list(ps.tables), ps.n_dense, seed=train.seed)
@@ -62,11 +65,11 @@ def timed_pieces(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
     trainer_times, server_times = [], []
     with one_thread():
         for step in range(steps + 1):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             whole = log.batch(train.batch * ps.trainers, torch.Generator().manual_seed(train.seed * 100_003 + step))
             parts = [_part(whole, t, train.batch) for t in range(ps.trainers)]
             _trainer_step(model, opt, parts[0], offsets, ps.dim)
-            took = time.perf_counter() - t0
+            took = time.thread_time() - t0
             pushed = []
             for t, b in enumerate(parts):
                 for i, sharding in enumerate(shardings):
@@ -89,11 +92,11 @@ def timed_pieces(cfg: PSJobConfig, steps: int = 10) -> StepCosts:
 
 
 def _update_s(weight: torch.Tensor, sum_sq: torch.Tensor, rows: torch.Tensor, lr: float) -> float:
-    """Seconds of a server's update of ``rows`` (duplicates summed), then its read of them."""
-    t0 = time.perf_counter()
+    """CPU seconds of a server's update of ``rows`` (duplicates summed), then its read of them."""
+    t0 = time.thread_time()
     sparse_step(weight, sum_sq, rows, torch.ones(len(rows), weight.shape[1]), lr, 1e-8)
     weight[torch.unique(rows)]
-    return time.perf_counter() - t0
+    return time.thread_time() - t0
 
 
 def probe_config(cfg: PSJobConfig, steps: int) -> PSJobConfig:
@@ -109,8 +112,9 @@ def probe_config(cfg: PSJobConfig, steps: int) -> PSJobConfig:
 
 
 def step_of_run(cfg: PSJobConfig, timeout_s: float = 120) -> float | None:
-    """Seconds per step of ``cfg`` (a :func:`probe_config`) run here as ``disttrain ps`` runs it: the median of
-    its steps after the first 5. None when it fails (the plan then does without it)."""
+    """CPU seconds per step of ``cfg`` (a :func:`probe_config`) run here as ``disttrain ps`` runs it: the median,
+    over its steps after the first 5, of trainer 0's process CPU in a step (every thread: its server's and
+    RPC's too). None when it fails (the plan then does without it)."""
     with tempfile.TemporaryDirectory(prefix="disttrain-ps-plan-") as tmp:
         run = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=tmp, name="probe"))
         Path(tmp, "job.toml").write_text(to_toml(run))
@@ -122,16 +126,16 @@ def step_of_run(cfg: PSJobConfig, timeout_s: float = 120) -> float | None:
             lines = metrics.read_text().splitlines() if done.returncode == 0 and metrics.is_file() else []
         except (subprocess.TimeoutExpired, OSError):
             return None
-    rates = [json.loads(x)["samples_per_s"] for x in lines if '"samples_per_s"' in x][5:]
-    return cfg.ps.trainers * cfg.train.batch / statistics.median(rates) if rates else None
+    cpu = [json.loads(x)["process_cpu_s"] for x in lines if '"process_cpu_s"' in x][5:]
+    return statistics.median(cpu) if cpu else None
 
 
 def calibrated(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], steps: int = 30) -> StepCosts:
     """``costs`` made to match the job itself, run here on one node for ``steps`` steps (:func:`step_of_run`):
-    what the timed pieces leave out (the messages' handling, RPC's threads beside the trainer's on the same
-    cores, the step's bookkeeping) becomes a message's CPU at each end, bisected until the model's one-node
-    step equals the run's; with no message between processes, the trainer's step. Unchanged when the run
-    fails."""
+    what the timed pieces leave out (the messages' handling, RPC's threads beside the trainer's, the step's
+    bookkeeping) becomes a message's CPU at each end, bisected until the model's busiest process spends the
+    CPU per step the run's did; with no message between processes, the trainer's step. Unchanged when the
+    run fails."""
     here = step_of_run(probe_config(cfg, steps))
     if here is None:
         return costs
@@ -139,11 +143,13 @@ def calibrated(cfg: PSJobConfig, costs: StepCosts, links: dict[str, Link], steps
     one = dataclasses.replace(costs, measured=how)
     if cfg.ps.processes < 2 or (cfg.ps.colocated and cfg.ps.servers == 1):  # every message stays in its process
         return dataclasses.replace(one, trainer_s=max(costs.trainer_s, here - costs.server_s))
+    cores = os.cpu_count() or 1
+    target = here * max(1.0, cfg.ps.processes / cores)  # the model's CPU per step is stretched by taking turns
     low, high = 0.0, here
-    for _ in range(40):  # the step grows with a message's CPU: bisect for the measured one
+    for _ in range(40):  # the busiest process's CPU grows with a message's: bisect for the measured one
         mid = (low + high) / 2
-        step = predict(cfg, dataclasses.replace(one, message_cpu_s=mid), links, 1, os.cpu_count() or 1).step_s
-        low, high = (mid, high) if step < here else (low, mid)
+        cpu = predict(cfg, dataclasses.replace(one, message_cpu_s=mid), links, 1, cores).cpu_s
+        low, high = (mid, high) if cpu < target else (low, mid)
     return dataclasses.replace(one, message_cpu_s=low)
 
 
@@ -220,7 +226,7 @@ def speed_plan(cfg: PSJobConfig) -> str:
             f"speed (bsp, {how} steps, {where}): ~{p.samples_per_s:,.0f} samples/s predicted "
             f"(step {p.step_s * 1e3:.2f} ms, set by {p.bound})",
             f"  compute: a trainer's step {costs.trainer_s * 1e3:.2f} ms and a server's update "
-            f"{costs.server_s * 1e3:.2f} ms (timed now: {costs.measured}, one thread); the busiest process "
+            f"{costs.server_s * 1e3:.2f} ms (CPU timed now: {costs.measured}, one thread); the busiest process "
             f"{p.cpu_s * 1e3:.2f} ms of CPU per step",
             f"  messages: {p.messages_s * 1e3:.2f} ms per step ({fmt_bytes(p.bytes_per_step)} per step, "
             f"{fmt_bytes(p.cross_bytes)} across nodes){_message_cpu(costs)}",

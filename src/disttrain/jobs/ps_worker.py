@@ -52,6 +52,7 @@ def reporter(cfg: PSJobConfig, run_dir: Path) -> Any:
             "staleness": res.staleness[-1],
             "samples_per_s": train.batch * trainers / max(res.step_s[-1], 1e-9),  # this step, all trainers
             "bytes_per_step": res.step_bytes[-1],  # trainer 0's reads and pushes
+            "process_cpu_s": res.step_cpu_s[-1],  # this step's CPU in trainer 0's process, every thread
         }
         if res.evals and res.evals[-1]["step"] == step:
             rec.update(res.evals[-1])

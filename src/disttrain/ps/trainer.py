@@ -48,6 +48,9 @@ class PSResult:
     bytes_per_step: float = 0.0
     step_s: list[float] = field(default_factory=list)
     """Per step: seconds (reads, forward/backward, pushes, waits; not checkpoints or evaluations)."""
+    step_cpu_s: list[float] = field(default_factory=list)
+    """Per step: this process's CPU seconds over the same span, every thread (a colocated server's, RPC's):
+    what the step costs the machine, whatever share of the cores a busy machine leaves it."""
     step_bytes: list[int] = field(default_factory=list)
     """Per step: bytes this trainer moved to and from the servers."""
     cache_hit_rate: float = 0.0
@@ -293,9 +296,10 @@ class PSTrainer:
         return res
 
     def _fit_step(self, step: int, res: PSResult, on_step: Any) -> None:
-        t, moved = time.perf_counter(), self.group_tables.bytes_moved
+        t, cpu, moved = time.perf_counter(), time.process_time(), self.group_tables.bytes_moved
         done = self.step(step)
         res.step_s.append(time.perf_counter() - t)
+        res.step_cpu_s.append(time.process_time() - cpu)
         res.step_bytes.append(self.group_tables.bytes_moved - moved)
         if self.health is not None:
             self.health.step_done(step + 1, res.step_s[-1])

@@ -34,6 +34,7 @@ NAMES = {
     "logloss": "eval log loss",
     "samples_per_s": "samples/s",
     "bytes_per_step": "bytes/step",
+    "process_cpu_s": "process CPU per step",
     "max_staleness": "max staleness",
     "env_steps": "env steps",
     "env_steps_per_s": "env steps/s",
