@@ -1,10 +1,6 @@
-"""The GPT's bf16 CPU attention in query chunks (``models.gpt.causal_attention_bmm``) against one chunk.
-
-Per context length: attention forward + backward alone (48 heads of 64) at the chunk counts around the rule, and
-one training step of the default-width GPT (2,048 tokens per step) with the rule's chunks against one chunk; one
-thread, the job's allocator; blocks alternate; speed = paired median of one-chunk / chunked times.
-
-    .venv/bin/python -m benchmarks.bench_attention [--contexts 256,512,1024,2048] [--rounds 6]
+"""The GPT's bf16 CPU attention in query chunks (``models.gpt.causal_attention_bmm``) against one chunk: attention
+forward + backward alone (48 heads of 64) at the chunk counts around the rule, and one training step of the
+default-width GPT (2,048 tokens per step) with the rule's chunks against one; one thread, the job's allocator.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from benchmarks import harness as H
 
 OPTIONS = {
     "contexts": ("256,512,1024,2048", "context lengths, comma-separated"),
-    "rounds": (6, "timed blocks per variant"),
+    **H.options(rounds=6),
     "heads": (48, "attention alone: heads of 64 (micro-batch 8 x 6 heads)"),
     "step_tokens": (2048, "tokens of the training step compared (0: leave it out)"),
 }

@@ -1,22 +1,16 @@
-"""Checkpointing cost: training-loop time blocked per save, save/load throughput against the disk, step-time
-overhead of periodic async saves.
-
-One launch of ``--nproc`` ranks (strategy ``auto``: DDP for 2), checkpoints under a fresh folder in /tmp (or
-``--root``; the script prints its disk). Variants interleaved round by round, the order rotating; every figure
-is a median over rounds of a ratio inside one round, on the slowest rank.
+"""Checkpointing cost: the training loop's time blocked per save, save/load throughput against plain file I/O of
+the same bytes, step-time overhead of periodic async saves. One launch of ``--nproc`` ranks (strategy ``auto``: DDP
+for 2), checkpoints in a fresh folder in /tmp (or ``--root``; its disk printed).
 
 1. **Blocked time per save.** A GPT of 17.9M parameters (10 x 384) after one AdamW step (216 MB per save):
    ``CheckpointManager.save`` with ``async_mode`` off / thread / process; blocked = ``save()`` itself plus the next
-   step's wait for the background copy before its optimizer step, against the sync save. Goal <= 0.10.
-2. **Throughput.** Checkpoint bytes / sync save time and / ``load`` time (from a cold page cache), against plain
-   Python writing (+ ``fsync``) the same bytes, each rank its share (also into a new file each time, buffered),
-   and reading them back cold (each rank its share; every rank all, as DDP's load must). Goal >= 0.50.
-3. **Step-time overhead.** ``Trainer.fit()`` on a GPT 2 x 128, context 256, micro-batch 8 with a
-   ``CheckpointManager`` (async thread, a save every ``--interval`` steps) and without; blocks of one interval
-   start half-way between two saves and end waiting for the save to commit. Goal <= 0.02. The ranks' CPU time
-   (every thread) per block gives the CPU a save costs.
-
-    .venv/bin/python -m benchmarks.bench_checkpoint [--rounds 5] [--step-rounds 8] [--skip-saves|--skip-steps]
+   step's wait for the background copy, against the sync save. Goal <= 0.10.
+2. **Throughput.** Checkpoint bytes / sync save time and / cold ``load`` time, against plain Python writing (+
+   ``fsync``) the same bytes, each rank its share (also into a new file each time), and reading them back cold
+   (each rank its share; every rank all, as DDP's load must). Goal >= 0.50.
+3. **Step-time overhead.** ``Trainer.fit()`` (GPT 2 x 128, context 256) with an async-thread ``CheckpointManager``
+   saving every ``--interval`` steps and without; blocks of one interval start half-way between two saves and end
+   when the save has committed. Goal <= 0.02. The ranks' CPU time per block gives the CPU a save costs.
 """
 
 from __future__ import annotations
@@ -50,7 +44,7 @@ OPTIONS = {
     "big_context": (256, "parts 1-2: context"),
     "step_rounds": (6, "timed rounds of part 3 (one block per variant)"),
     "interval": (50, "part 3: save every N steps (a block)"),
-    **H.gpt_options(layers=2, width=128, heads=4, context=256, micro_batch=8),  # part 3's
+    **H.options(layers=2, width=128, heads=4, context=256, micro_batch=8),  # part 3's
     "skip_saves": (False, "skip parts 1-2"),
     "skip_steps": (False, "skip part 3"),
     "root": (None, "checkpoint folder (default: a fresh one in /tmp, removed at the end)"),
@@ -86,12 +80,6 @@ def drop_cache(paths: list[Path]) -> None:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def read_all(path: Path, buf: Any) -> None:
-    with open(path, "rb", buffering=0) as f:
-        got = f.readinto(buf)
-    assert got == len(buf), (path, got, len(buf))
-
-
 def timed(fn: Callable[[], Any]) -> Timings:
     """``fn()`` timed on this rank between two barriers (not timed)."""
     dist.barrier()
@@ -100,6 +88,17 @@ def timed(fn: Callable[[], Any]) -> Timings:
     dt = time.perf_counter() - t0
     dist.barrier()
     return {"total_s": dt}
+
+
+def cold_read(path: Path, buf: Any) -> Timings:
+    """``path`` read into ``buf`` from the disk (out of the page cache first), timed."""
+    drop_cache([path])
+
+    def read() -> None:
+        with open(path, "rb", buffering=0) as f:
+            assert f.readinto(buf) == len(buf), path
+
+    return timed(read)
 
 
 def plain_files(share: int, total: int, rank: int, folder: Path) -> dict[str, Callable[[], Timings]]:
@@ -120,18 +119,11 @@ def plain_files(share: int, total: int, rank: int, folder: Path) -> dict[str, Ca
         fresh[(i + 2) % 3].unlink(missing_ok=True)
         return out
 
-    def read(path: Path, size: int) -> Callable[[], Timings]:
-        def run() -> Timings:
-            drop_cache([path])
-            return timed(lambda: read_all(path, buf[:size]))
-
-        return run
-
     return {
         "plain write (per rank)": lambda: timed(lambda: write_synced(mine, buf[:share])),
         "plain write (per rank, new file)": new_file,
-        "plain read (per rank)": read(mine, share),
-        "plain read (every rank all)": read(whole, total),
+        "plain read (per rank)": functools.partial(cold_read, mine, buf[:share]),
+        "plain read (every rank all)": functools.partial(cold_read, whole, buf[:total]),
     }
 
 
@@ -287,18 +279,11 @@ def report_saves(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         theirs = slowest(ranks, plain, "total_s")
         speeds.append({"": label, "checkpoint MB/s": s0["bytes"] / MB / H.median(mine)})
         speeds[-1] |= {"plain MB/s": s0["bytes"] / MB / H.median(theirs), **H.ratio(theirs, mine)}
+    model = f"GPT {args.big_layers}x{args.big_width} = {s0['params'] / 1e6:.1f}M params + AdamW"
     H.table(
-        blocked,
-        f"\n1. Training loop blocked per save: {args.nproc} ranks ({s0['strategy']}), GPT {args.big_layers}x"
-        f"{args.big_width} = {s0['params'] / 1e6:.1f}M params + AdamW, {s0['bytes'] / MB:.0f} MB per checkpoint; "
-        f"ratio = median over {args.rounds} rounds of blocked / sync save time; async blocked = time in save() + "
-        "the next step's wait for the background copy",
+        blocked, f"\n1. Loop blocked per save: {args.nproc} ranks ({s0['strategy']}), {model}; {args.rounds} rounds"
     )
-    H.table(
-        speeds,
-        f"\n2. Throughput: {s0['bytes'] / MB:.0f} MB of checkpoint files; plain = write + fsync the same bytes and "
-        "read them back cold; MB/s of the slowest rank; ratio = median over rounds of checkpoint / plain speed",
-    )
+    H.table(speeds, f"\n2. Throughput of {s0['bytes'] / MB:.0f} MB against plain files; MB/s of the slowest rank")
     goals = [GOALS["blocked"].check(r["ratio"]) for r in blocked if r["save"].startswith("async")]
     goals += [GOALS["throughput"].check(speeds[i]["ratio"]) for i in (0, 2)]
     return {"blocked": blocked, "throughput": speeds, "goals": goals, "raw": [r["saves"] for r in ranks]}
@@ -324,13 +309,10 @@ def report_steps(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         {"variant": "  CPU of a save, per rank", "ms per save": H.median(per_save)},
     ]
     rows[1]["IQR"] = f"{lo:+.2%} to {hi:+.2%}"
+    model = f"GPT {args.layers}x{args.width} ctx {args.context}, micro-batch {args.micro_batch}"
     H.table(
         rows,
-        f"\n3. Step-time overhead: Trainer.fit(), {args.nproc} ranks, GPT {args.layers}x{args.width} ctx "
-        f"{args.context} ({ranks[0]['steps']['params'] / 1e6:.1f}M params), micro-batch {args.micro_batch}; one "
-        f"Trainer, blocks of {args.interval} steps with and without its CheckpointManager (one async save per "
-        f"block, + waiting for it to commit at the block's end); overhead = median over {args.step_rounds} rounds "
-        "of ckpt / no-ckpt block time - 1",
+        f"\n3. Step-time overhead: {args.nproc} ranks, {model}; {args.step_rounds} rounds of {args.interval} steps",
     )
     goal = GOALS["overhead"].check(rows[1]["overhead"])
     return {"rows": rows, "goals": [goal], "failures": ranks[0]["steps"]["failures"], "times_s_per_step": times}

@@ -1,23 +1,14 @@
 """Data (``--parts``, default both): ``disttrain data prepare``'s throughput, and a 4 GB prepared corpus costing no
 more memory or start-up than a 40 MB one, the loader never setting the pace of the default model.
 
-``prepare``: ``disttrain data prepare`` vs a user's plain single-process loop calling the same tokenizer. A corpus
-   of ``--mb`` MB of generated multi-document ``.jsonl`` (4 files) and a byte-level BPE trained on it (``bpe:VOCAB``
-   through ``data prepare``) are made once; then ``--rounds`` rounds, the order alternating, of ``disttrain data
-   prepare FILES --tokenizer tokenizer.json --out DIR`` (its own process, every core) and of the loop a user writes
-   (:data:`PLAIN`: encode line by line, ``np.array(ids, uint16).tofile``), both timed as whole processes. Figures:
-   MB/s and tokens/s of each; the paired ratio plain time / prepare time (goal >= 1.7).
-``scale``: 1. **RSS and start-up**: two prepared folders (``bytes`` tokenizer, random ids) *written directly* with
-   the shards module (``data prepare`` of 4 GB would take most of an hour on 2 cores), ``--big-gb`` and
-   ``--small-mb``; ``--rounds`` rounds, order alternating, of ``disttrain run`` (the default model, 2 ranks,
-   ``--steps`` steps). Figures: peak RSS per rank and the time from the launch to the first step's record; goals:
-   the paired ratios big / small <= 1.10 (RSS) and <= 1.2 (time). 2. **Loader vs trainer**: the trainer's tokens/s
-   per rank against rank 0's loader alone over the big folder (``GlobalBatchLoader.next_step``). Goal >= 20x. The
-   on-the-fly path: one job each on ``--raw-mb`` of generated ``.jsonl`` with ``bytes`` and a byte-level BPE; its
-   ``data:`` line recorded.
-
-    .venv/bin/python -m benchmarks.bench_data [--parts prepare,scale] [--mb 60] [--rounds 5] [--vocab 8192]
-                                              [--big-gb 4] [--small-mb 40] [--steps 6]
+``prepare``: ``disttrain data prepare`` (its own process, every core) vs the loop a user writes (:data:`PLAIN`),
+   both whole processes calling the same byte-level BPE (``bpe:VOCAB``, trained once by ``data prepare``) on
+   ``--mb`` MB of generated ``.jsonl``; MB/s and tokens/s; goal: plain time / prepare time >= 1.7.
+``scale``: two prepared folders of random ids (``bytes`` tokenizer) written directly with the shards module,
+   ``--big-gb`` and ``--small-mb``, each trained on by ``disttrain run`` (the default model, 2 ranks): peak RSS per
+   rank and time from the launch to the first step; goals: big / small <= 1.10 (RSS) and <= 1.2 (time). Then rank
+   0's loader alone over the big folder against the trainer's tokens/s per rank (goal >= 20x), and one job each on
+   ``--raw-mb`` of ``.jsonl`` tokenized on the fly (``bytes``, a BPE): its ``data:`` line.
 """
 
 from __future__ import annotations

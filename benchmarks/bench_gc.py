@@ -1,18 +1,12 @@
-"""What the garbage-collector control (``train.gc_interval``, ``disttrain.utils.gc``) costs and saves.
+"""What the garbage-collector control (``train.gc_interval``, ``disttrain.utils.gc``) costs and saves, in one
+launch of 2 ranks training a small GPT (2 x 128, context 256, DDP) with ``Trainer.fit()``.
 
-One launch of 2 ranks trains a small GPT (2 x 128, context 256, micro-batch 8, DDP) with the real ``Trainer.fit()``:
-
-1. **Pause of one collection** on each rank after set-up: a full ``gc.collect()`` with nothing frozen (what an
-   automatic generation-2 collection walks), then one after ``gc.freeze()`` (what a scheduled collection walks),
-   medians of ``--repeats``; and how many objects the collector tracks.
-2. **Training**: ``gc_interval = --interval`` (frozen, automatic collection off, a collection every N steps)
-   vs ``gc_interval = 0`` (Python's automatic collection), one Trainer, blocks of ``fit()`` interleaved, each
-   started right after a full collection (untimed). A block's time runs from its first ``train_step`` to the end
-   of its last one and of any collection right after it; the entry collection + freeze of every scheduled
-   ``fit()`` (once per job in a real run) is shown apart ("fit() outside steps"). Figure: the paired ratio
-   scheduled / automatic of the slowest rank's block times.
-
-    .venv/bin/python -m benchmarks.bench_gc [--rounds 8] [--steps-per-block 100] [--interval 50]
+1. **Pause of one collection** after set-up: a full ``gc.collect()`` with nothing frozen (what an automatic
+   generation-2 collection walks), then one after ``gc.freeze()`` (what a scheduled one walks).
+2. **Training**: ``gc_interval = --interval`` vs ``0`` (Python's automatic collection), blocks of ``fit()`` each
+   started right after a full collection; a block runs from its first ``train_step`` to the end of its last and of
+   any collection right after it; the entry collection + freeze of every scheduled ``fit()`` (once per job in a
+   real run) is shown apart. Figure: the paired ratio scheduled / automatic.
 """
 
 from __future__ import annotations
@@ -28,9 +22,8 @@ import torch.distributed as dist
 from benchmarks import harness as H
 
 OPTIONS = {
-    "nproc": (2, "ranks"),
-    **H.block_options(rounds=8, steps_per_block=100, warmup=20),
-    **H.gpt_options(layers=2, width=128, heads=4, context=256, micro_batch=8),
+    **H.options(nproc=2, rounds=8, steps_per_block=100, warmup=20),
+    **H.options(layers=2, width=128, heads=4, context=256, micro_batch=8),
     "interval": (50, "gc_interval of the scheduled variant"),
     "repeats": (5, "part 1: collections timed per figure"),
 }

@@ -1,18 +1,11 @@
 """What health monitoring costs per training step: heartbeats + hang watchdog + straggler figures, on vs off.
 
-One launch of 2 ranks trains the same GPT (4 x 256, context 128, DDP; ``--dtype auto``: what ``precision.dtype``
-auto picks here) under four variants in blocks of steps, interleaved round by round: ``none`` (the Trainer's
-health hooks replaced by no-ops), ``hooks`` (``health.enabled = false``: the hooks run, no thread), ``on`` (the
-default: a heartbeat every 2 s, rank 0 watching every rank) and ``on-0.1s`` (heartbeats every 0.1 s). A fresh
-HealthMonitor is started before each ``on`` block and closed after it, untimed. Figure: the paired ratio
-t(variant) / t(none). Goal: on / none <= 1.01.
-
-That ratio scatters by far more than 1% on a loaded machine, so each rank also times, one call at a time (wall
-and CPU of the calling thread), what the monitor's thread runs every period (a heartbeat, the verdict check, on
-rank 0 the watchdog pass), the straggler window's all-gather, and what the training thread runs every step (the
-hooks, at step 100 and 100,000: their cost must not grow with the step).
-
-    .venv/bin/python -m benchmarks.bench_health [--rounds 12] [--steps-per-block 4] [--dtype auto]
+One launch of 2 ranks, GPT 4 x 256 (context 128, DDP, ``--dtype auto``), four variants in blocks of steps:
+``none`` (the Trainer's health hooks replaced by no-ops), ``hooks`` (``health.enabled = false``), ``on`` (the
+default: a heartbeat every 2 s, rank 0 watching) and ``on-0.1s``; a fresh HealthMonitor around each ``on`` block,
+untimed. Goal: on / none <= 1.01. That ratio scatters by more than 1% on a loaded machine, so each rank also times
+one call at a time (wall and thread CPU) what the monitor's thread runs every period, the straggler window's
+all-gather, and the hooks the training thread runs every step (at step 100 and 100,000: they must not grow).
 """
 
 from __future__ import annotations
@@ -30,8 +23,7 @@ from benchmarks import harness as H
 
 GOAL = H.Goal("step time, health on / none", 1.01, higher_is_better=False)
 OPTIONS = {
-    **H.block_options(rounds=12, steps_per_block=4, warmup=3),
-    "nproc": (2, "ranks"),
+    **H.options(rounds=12, steps_per_block=4, warmup=3, nproc=2),
     "calls": (200, "direct costs: calls timed per figure"),
     "dtype": ("auto", "auto: what precision auto picks on this CPU", ("auto", "bf16", "fp32")),
 }
@@ -125,22 +117,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     env, data = H.init_ranks(), H.text(128)
     health = {"none": {"enabled": False}, "hooks": {"enabled": False}, "on": {}, "on-0.1s": {"heartbeat_s": 0.1}}
-    trainers = {}
+    trainers, sections = {}, {"parallel": {"strategy": "ddp"}, "precision": {"dtype": args.dtype}}
     for name, settings in health.items():
-        sections: dict[str, Any] = {
-            "parallel": {"strategy": "ddp"},
-            "precision": {"dtype": args.dtype},
-            "health": settings,
-        }
-        cfg = H.job(H.gpt(4, 256, 4, 128), world=env.world_size, steps=10_000, **sections)
+        cfg = H.job(H.gpt(4, 256, 4, 128), world=env.world_size, steps=10_000, health=settings, **sections)
         model = GPT(GPTConfig(data.tokenizer.vocab_size, 4, 256, 4, 128), seed=1)  # the same GPT in every variant
         trainers[name] = H.trainer(cfg, data, env, model=model)
     trainers["none"].health = _NoHealth()
     for trainer in trainers.values():
         steps(trainer, args.warmup)
-    times = H.side_by_side(
-        {n: block(t, args, env, monitor=n.startswith("on")) for n, t in trainers.items()}, args.rounds
-    )
+    blocks = {n: block(t, args, env, monitor=n.startswith("on")) for n, t in trainers.items()}
+    times = H.side_by_side(blocks, args.rounds)
     return {"times": times, "direct": direct_costs(trainers["on"].cfg.health, env.rank, env.world_size, args.calls)}
 
 

@@ -1,12 +1,8 @@
-"""glibc's allocator settings for CPU workers (``disttrain.utils.malloc.CPU_MALLOC_ENV``) against glibc's defaults.
-
-By default glibc maps allocations of 32 MiB or more afresh and unmaps them when freed, and torch's CPU allocator
-caches nothing, so a step's large buffers come as new zeroed pages every step. Part 1 times that alone (a fresh
-buffer filled by a copy vs a copy into a kept one, by size). Part 2: the default GPT on 2 ranks (DDP, FSDP with 1
-and 6 blocks per unit) with the launcher's settings and with glibc's defaults (``DISTTRAIN_CPU_MALLOC=glibc``),
-launches alternating: the ratio is the median over launch pairs of the per-variant median step; peak RSS.
-
-    .venv/bin/python -m benchmarks.bench_malloc [--pairs 2] [--rounds 6]
+"""glibc's allocator settings for CPU workers (``disttrain.utils.malloc.CPU_MALLOC_ENV``) against glibc's defaults
+(which map buffers of 32 MiB or more afresh, zeroed, every step). Part 1: a fresh buffer filled by a copy vs a copy
+into a kept one, by size. Part 2: the default GPT on 2 ranks (DDP, FSDP with 1 and 6 blocks per unit), launches
+alternating between the launcher's settings and ``DISTTRAIN_CPU_MALLOC=glibc``: the median over launch pairs of
+the per-variant median step, and peak RSS.
 """
 
 from __future__ import annotations
@@ -29,9 +25,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 OPTIONS = {
     "pairs": (2, "launch pairs (launcher's settings, glibc's defaults)"),
-    "rounds": (6, "timed steps of each variant per launch"),
-    "layers": (6, "GPT blocks"),
-    "width": (384, "GPT width"),
+    **H.options(rounds=6, layers=6, width=384),  # rounds: timed steps of each variant per launch
 }
 QUICK = {"pairs": 1, "rounds": 1, "layers": 2, "width": 192}
 

@@ -1,22 +1,15 @@
 """The memory planner (``disttrain.plan.estimate``) held to account (``--parts``, default all four).
 
 * ``measure``: the plan's per-rank bytes (params, grads, optimizer, activations, total peak) against what ranks
-  hold (``disttrain.jobs.measure.measure``, one fresh launch per strategy: exact storage accounting after an
-  optimizer step, a DTensor its local shard, shared storage once, padding included; saved-tensor hooks; the RSS
-  peak above the RSS before the model was built), GPT 6 layers of ``--models`` widths, at ``--ranks``, every
-  strategy (HSDP 2 x 2 at 4 ranks, against the plan for 2 nodes of 2). Targets: 5% for params / grads /
-  optimizer, 20% for the total peak; and FSDP / DDP bytes of params + grads + optimizer <= 0.52 at 2 ranks, <=
-  0.27 at 4. Nothing is timed.
-* ``zero``: the plan for a ~7B and a ~70B GPT (meta device) on 8 and 64 devices next to DeepSpeed's ZeRO formulas
-  for K = 12 (mixed-precision Adam): baseline (2 + 2 + K) P, ZeRO-2 2 P + (2 + K) P / N, ZeRO-3 (2 + 2 + K) P / N.
-* ``throughput``: DDP vs FSDP vs HSDP (2 x 2) at 4 ranks in one launch (GPT 4 x 256, context 128; 4 ranks on 2
-  cores are oversubscribed), blocks of ``Trainer.fit()`` interleaved, paired medians.
-* ``root_units``: ``parallel.root_units`` one vs split (the embeddings and head in the root unit or in units of
-  their own) for a GPT 4 x 256 with an untied 16,384-token vocabulary, FSDP on 2 ranks: planned and measured
-  peaks, a launch per setting (its step time printed too).
-
-    .venv/bin/python -m benchmarks.bench_memory_plan [--parts measure,zero,throughput,root_units] [--ranks 1,2,4]
-                                                     [--models 384,768] [--rounds 8] [--dtype fp32]
+  hold (``disttrain.jobs.measure.measure``: a fresh launch per strategy, exact storage accounting after an
+  optimizer step; the RSS peak above the RSS before the model was built), GPT 6 layers of ``--models`` widths, at
+  ``--ranks``, every strategy (HSDP 2 x 2 at 4 ranks, against the plan for 2 nodes of 2). Targets: 5% for params /
+  grads / optimizer, 20% for the total peak; FSDP / DDP bytes of params + grads + optimizer <= 0.52 at 2 ranks,
+  <= 0.27 at 4.
+* ``zero``: the plan for a ~7B and a ~70B GPT on 8 and 64 devices next to DeepSpeed's ZeRO formulas (K = 12).
+* ``throughput``: DDP vs FSDP vs HSDP (2 x 2) at 4 ranks in one launch (GPT 4 x 256, context 128; oversubscribed).
+* ``root_units``: ``parallel.root_units`` one vs split for a GPT 4 x 256 with an untied 16,384-token vocabulary,
+  FSDP on 2 ranks: planned and measured peaks, a launch per setting.
 """
 
 from __future__ import annotations
@@ -42,9 +35,8 @@ OPTIONS = {
     "parts": ("measure,zero,throughput,root_units", "which parts, comma-separated"),
     "ranks": ("1,2,4", "measure: world sizes"),
     "models": ("384,768", "measure: GPT widths (d_model; 6 layers, 6 heads)"),
-    "micro_batch": (4, "measure and throughput: micro-batch per rank"),
     "dtype": ("fp32", "measure and throughput: compute dtype (bf16 needs AMX to be quick)"),
-    **H.block_options(rounds=8, steps_per_block=2, warmup=2),  # the throughput part's
+    **H.options(micro_batch=4, rounds=8, steps_per_block=2, warmup=2),  # all but micro_batch: the throughput part's
 }
 QUICK = {"ranks": "1", "models": "384", **H.QUICK_BLOCKS}
 
@@ -85,25 +77,17 @@ def measure_at(args: argparse.Namespace, width: int, world: int) -> dict[str, An
 def measure_rows(width: int, world: int, tables: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for s, tab in tables.items():
+        name = f"d{width} x{world} {'single' if world == 1 else s}"
         if "error" in tab:
-            rows.append(
-                {"model x ranks strategy": f"d{width} x{world} {s}", "row": "failed", "error": tab["error"][:80]}
-            )
+            rows.append({"model x ranks strategy": name, "row": "failed", "error": tab["error"][:80]})
             continue
         for row in ROWS:
             r, target = tab[row], TARGETS.get(row)
-            verdict = (
-                "-" if target is None else f"<= {target:.0f}% " + ("met" if abs(r["error_pct"]) <= target else "MISSED")
-            )
-            label = f"d{width} x{world} {'single' if world == 1 else s}" if row == "params" else ""
-            rows.append(
-                {"model x ranks strategy": label, "row": row, "predicted MiB": r["predicted"] / MiB}
-                | {
-                    "measured MiB": r["measured"] / MiB,
-                    "error": f"{r['error_pct']:+.1f}%",
-                    "target": verdict,
-                }
-            )
+            met = "met" if target is not None and abs(r["error_pct"]) <= target else "MISSED"
+            verdict = "-" if target is None else f"<= {target:.0f}% {met}"
+            rows.append({"model x ranks strategy": name if row == "params" else "", "row": row})
+            rows[-1] |= {"predicted MiB": r["predicted"] / MiB, "measured MiB": r["measured"] / MiB}
+            rows[-1] |= {"error": f"{r['error_pct']:+.1f}%", "target": verdict}
     return rows
 
 
@@ -116,8 +100,7 @@ def run_measure(args: argparse.Namespace) -> dict[str, Any]:
             rows += measure_rows(width, world, res["compare"])
     H.table(
         rows,
-        f"Predicted vs measured per rank (largest rank), GPT 6 layers, {args.dtype}, micro-batch {args.micro_batch}, "
-        "1 micro-step; total peak measured = RSS peak above the RSS before the model was built",
+        f"Predicted vs measured per rank (largest rank), GPT 6 layers, {args.dtype}, micro-batch {args.micro_batch}",
     )
     states, goals = [], []
     for key, g in results.items():
@@ -152,19 +135,14 @@ def zero_rows(name: str, prof: Any, cfg: Any, nnodes: int) -> list[dict[str, Any
             continue  # one node: HSDP = FSDP
         plan = est.plans[s]
         states = plan.params + plan.grads + plan.optimizer
-        rows.append(
-            {"model x devices": f"{name} ({p / 1e9:.2f}B) x {n}", "ours": s, "states GiB": states / GiB}
-            | {
-                "gathered GiB": plan.gathered / GiB,
-                "activ. GiB": plan.activations / GiB,
-                "total GiB": plan.total / GiB,
-                "DeepSpeed (K=12)": formula,
-                "DS GiB": ds_bytes / GiB,
-                "states/DS": states / ds_bytes,
-                "fits 72 GiB": "yes" if est.fits[s] else "no",
-                "recommended": est.choice,
-            }
-        )
+        rows.append({"model x devices": f"{name} ({p / 1e9:.2f}B) x {n}", "ours": s, "states GiB": states / GiB})
+        rows[-1] |= {
+            "gathered GiB": plan.gathered / GiB,
+            "activ. GiB": plan.activations / GiB,
+            "total GiB": plan.total / GiB,
+        }
+        rows[-1] |= {"DeepSpeed (K=12)": formula, "DS GiB": ds_bytes / GiB, "states/DS": states / ds_bytes}
+        rows[-1] |= {"fits 72 GiB": "yes" if est.fits[s] else "no", "recommended": est.choice}
     return rows
 
 
@@ -188,10 +166,7 @@ def run_zero(args: argparse.Namespace) -> dict[str, Any]:
         rows += zero_rows(name, prof, cfg, 1) + zero_rows(name, prof, cfg, 8)
         profiles[name] = {"n_params": prof.n_params, "activations": prof.activations("none")}
         profiles[name]["activations_full_ac"] = prof.activations("full")
-    H.table(
-        rows,
-        "Per-device plan (bf16, flash attention, micro-batch 1, context 4096, 80 GiB devices, 10% headroom) vs ZeRO",
-    )
+    H.table(rows, "Per-device plan (bf16, flash attention, micro-batch 1, context 4096, 80 GiB devices) vs ZeRO")
     return {"rows": rows, "profiles": profiles}
 
 
@@ -221,8 +196,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     ]
     H.table(
         rows,
-        f"Throughput at 4 ranks (oversubscribed: 2 cores), GPT 4x256 ctx 128, micro-batch {args.micro_batch}, "
-        f"{args.dtype}; paired medians of {args.rounds} rounds x {args.steps_per_block} steps",
+        f"Throughput at 4 ranks, GPT 4x256 ctx 128, micro-batch {args.micro_batch}, {args.dtype}; {args.rounds} rounds",
     )
     return {"rows": rows, "times_s_per_step": times}
 

@@ -1,30 +1,21 @@
-"""MFU of the default GPT against the measured matmul peak; where the step time goes; what-ifs.
+"""MFU of the default GPT against the measured matmul peak; where the step time goes; what-ifs (``--parts``).
 
-Part 1, one process x one thread: ``Trainer.fit()`` on the default GPT (6 x 384, context 256, micro-batch 8) in
-``--dtype`` (default: what ``precision.dtype = "auto"`` picks on this CPU). MFU = model FLOP/s / the matmul peak
-in that dtype (``disttrain.train.metrics.measure_matmul_tflops``), measured in the same process after every
-round. A torch.profiler trace of a few steps breaks the step down by kind of op. Side by side, variants that
-force one implementation choice, patched onto one model instance at run time (:func:`apply_variant`; nothing in
-src/ changes), so the benchmark keeps telling whether each choice src/ makes is still the faster one here:
+Part 1 (``single``), one process x one thread: ``Trainer.fit()`` on the default GPT (6 x 384, context 256,
+micro-batch 8) in ``--dtype``; MFU = model FLOP/s / the matmul peak in that dtype, measured after every round. A
+torch.profiler trace breaks the step down by kind of op. Side by side, variants that force one implementation
+choice (:func:`apply_variant`), so that the benchmark keeps telling whether each choice src/ makes is still the
+faster one here: ``attention: SDPA`` (src uses ``baddbmm`` + ``bmm`` for bf16 where the CPU has AMX or
+AVX512-BF16); ``all three``, the code before cbd42a5 (SDPA, tanh GELU, ``AdamW(foreach=True)``); ``GEMMs only``,
+the model's matmuls alone (the MFU ceiling); ``--compile``: ``compile: blocks`` and ``compile: model``, the first
+step's extra time the compile time (a fresh inductor cache each). Goal: MFU >= 35%.
 
-* ``attention: SDPA``: ``F.scaled_dot_product_attention`` whatever the dtype and CPU (src uses ``baddbmm`` +
-  ``bmm`` for bf16 on a CPU with AMX or AVX512-BF16);
-* ``all three``: the code before cbd42a5 (SDPA, ``F.gelu(approximate="tanh")``, ``AdamW(foreach=True)``);
-* ``GEMMs only``: not a training step, only the model's matmuls in the same dtype and shapes: the MFU ceiling;
-* ``compile: blocks`` and ``compile: model`` (``--compile``): ``parallel.compile``; the first step's extra time
-  is the compile time, cold (a fresh inductor cache per variant).
+Part 2 (``ddp``), the default 2-rank job (DDP, global batch 16): its MFU as the Trainer computes it (against the
+peak it measures at start-up) and against the peak measured after every round, with and without the gradient
+all-reduce (``no_sync`` on every step: the cost of communication).
 
-Part 2, the default 2-rank job (DDP, global batch 16): its MFU as the Trainer computes it (against the peak it
-measures at start-up) and against the peak measured after every round, with and without the gradient
-all-reduce (``no_sync`` on every step: the cost of communication). Goal: MFU >= 35% (part 1).
-
-Part 3, bf16 mixed precision vs fp32, one process: two Trainers on the default GPT, ``precision.dtype`` bf16 and
-fp32, the same seed and batches, blocks of ``--steps-per-block`` steps alternating; the throughput ratio and the
-final losses of the short run. Goal: bf16 >= 2.5x fp32. ``--before`` adds both with the implementation choices of
-the code before cbd42a5 forced back (:func:`apply_variant`), to reproduce the ratio measured then.
-
-    .venv/bin/python -m benchmarks.bench_mfu [--parts single,ddp,precision] [--rounds 12] [--compile]
-                                             [--dtype fp32|bf16] [--before]
+Part 3 (``precision``), one process: Trainers in bf16 and fp32, the same seed and batches; the throughput ratio
+and the final losses of the short run. Goal: bf16 >= 2.5x fp32. ``--before`` adds both with the choices of the
+code before cbd42a5 forced back, to reproduce the ratio measured then.
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ import types
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -47,7 +39,7 @@ from benchmarks import harness as H
 GOALS = {"mfu": H.Goal("MFU of one process, as is", 0.35), "precision": H.Goal("bf16 / fp32 throughput", 2.5)}
 OPTIONS = {
     "parts": ("single,ddp,precision", "which parts, comma-separated (1: single, 2: ddp, 3: precision)"),
-    **H.block_options(rounds=12, steps_per_block=2, warmup=2),  # parts 1-2: one step of each variant per round
+    **H.options(rounds=12, steps_per_block=2, warmup=2),  # parts 1-2: one step of each variant per round
     "dtype": ("auto", "auto: what precision auto picks on this CPU", ("auto", "fp32", "bf16")),
     "profile_steps": (3, "steps under torch.profiler"),
     "rounds_2rank": (6, "part 2's timed rounds"),
@@ -128,16 +120,12 @@ class GemmsOnly:
 def first_steps(runners: dict[str, Callable[[int], Any]]) -> dict[str, float]:
     """Each variant's first step, timed alone (the compile variants compile in it, each in a fresh inductor cache
     folder, so none reuses another's kernels from disk)."""
-    out, before = {}, os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    out = {}
     for name, run in runners.items():
-        with tempfile.TemporaryDirectory(prefix="disttrain-inductor-") as tmp:
-            if name in COMPILE_MODES:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tmp):
             t0 = time.perf_counter()
             run(1)
             out[name] = time.perf_counter() - t0
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            os.environ.update({} if before is None else {"TORCHINDUCTOR_CACHE_DIR": before})
     return out
 
 

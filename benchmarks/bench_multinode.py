@@ -1,21 +1,13 @@
 """Two hosts over a rate-limited link: tokens/s and the bytes that cross the node boundary per step for HSDP,
 FSDP and DDP, and the time from a node's death to the one-line error on the other node.
 
-Two network namespaces joined by a veth pair stand for two hosts (``disttrain.testing.netns``: root and
-iproute2), each running its own ``disttrain run`` launcher with 2 ranks (4 in all, rendezvous on host A), both
-ends of the link limited to ``--rate`` by ``tc`` (netem ``delay 0.2ms rate R``, or tbf where the kernel has no
-netem). Every strategy trains the same GPT (4 x 256, context 64, fp32) with the same global batch:
-
-- tokens/s from the run's ``metrics.jsonl``, the steps after the warm-up;
-- bytes across the boundary: host A's veth counters (tx + rx), sampled every 10 ms inside host A and read at the
-  times of the first and last measured steps' records (start-up and the end of the job left out);
-- death to error: an HSDP job loses host B (every process SIGKILLed) at step 6; host A's launcher is timed until
-  it exits, and its stderr must say "lost contact with".
-
-All 4 ranks share this machine's cores, so sharding's own work weighs more than on real hosts; the bytes across
-the link do not depend on that.
-
-    .venv/bin/python -m benchmarks.bench_multinode [--steps 30] [--rounds 1] [--rate 1gbit]  # as root
+Two network namespaces joined by a veth pair (``disttrain.testing.netns``: root), each running its own ``disttrain
+run`` launcher with 2 ranks, both ends of the link limited to ``--rate`` by ``tc`` (netem, or tbf where the kernel
+has none); every strategy trains the same GPT (4 x 256, context 64, fp32) with the same global batch. Bytes across
+the boundary: host A's veth counters, sampled every 10 ms, between the first and last measured steps' records.
+Death to error: an HSDP job loses host B (every process SIGKILLed) at step 6; host A's launcher is timed until it
+exits, its stderr must say "lost contact with". All 4 ranks share this machine's cores: sharding's own work weighs
+more than on real hosts; the bytes do not depend on that.
 """
 
 from __future__ import annotations
@@ -42,7 +34,7 @@ PORT = 29_571
 WARMUP = 5  # steps left out of every figure
 OPTIONS = {
     "steps": (30, f"optimizer steps per job (the first {WARMUP} are warm-up)"),
-    "rounds": (1, "jobs per strategy (order rotated; medians)"),
+    **H.options(rounds=1),
     "rate": ("1gbit", "tc rate of each direction of the link"),
     "strategies": ("hsdp,fsdp,ddp", "comma-separated"),
     "no_death": (False, "skip the node-death measurement"),

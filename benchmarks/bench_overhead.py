@@ -1,17 +1,11 @@
 """disttrain's Trainer vs a plain hand-written PyTorch loop: throughput ratio for DDP and for FSDP2.
 
-Both train the same GPT (4 x 256, context 128; ``--model hf-gpt2``: a Hugging Face GPT2LMHeadModel of that
-shape) with the same batch on 2 ranks, inside one launch, blocks of steps alternating. The plain loop is what
-one writes from the PyTorch docs: ``DistributedDataParallel(model)`` with ``torch.autocast``, or ``fully_shard``
-each block then the root with ``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)``; then fp32 cross-entropy,
-backward, ``clip_grad_norm_(1.0)``, AdamW (decay on matrices only), warmup + cosine LR, ``loss.item()``; its
-AdamW implementation and DDP's bucket size mirror what disttrain picked, so the ratio is the framework's cost.
-disttrain runs ``Trainer.fit()``. Goal: disttrain / plain >= 0.97. One launch's ratio is off by a few % in a way
-its rounds don't show (memory placement), so the comparison is launched ``--launches`` times: the figure is the
-median over launches.
-
-    .venv/bin/python -m benchmarks.bench_overhead [--launches 5] [--rounds 6] [--steps-per-block 2]
-                                                  [--dtype fp32] [--model hf-gpt2]
+Both train the same GPT (4 x 256, context 128; ``--model hf-gpt2``: a Hugging Face GPT2LMHeadModel of that shape)
+with the same batch on 2 ranks in one launch. The plain loop (:class:`PlainLoop`) is what one writes from the
+PyTorch docs: DDP with ``torch.autocast``, or ``fully_shard`` per block then the root with a
+``MixedPrecisionPolicy``; fp32 cross-entropy, ``clip_grad_norm_``, AdamW, warmup + cosine LR; its AdamW
+implementation and DDP's bucket size are disttrain's, so the ratio is the framework's cost. Goal: >= 0.97, the
+median over ``--launches`` launches.
 """
 
 from __future__ import annotations
@@ -30,10 +24,8 @@ from disttrain.config import DTYPES
 
 GOAL = H.Goal("disttrain / plain throughput", 0.97)
 OPTIONS = {
-    "launches": (5, "fresh launches (the figure: the median over them)"),
-    **H.block_options(rounds=6, steps_per_block=2, warmup=3),
-    **H.gpt_options(layers=4, width=256, heads=4, context=128, micro_batch=8),
-    "nproc": (2, "ranks"),
+    **H.options(launches=5, nproc=2, rounds=6, steps_per_block=2, warmup=3),
+    **H.options(layers=4, width=256, heads=4, context=128, micro_batch=8),
     "strategies": ("ddp,fsdp", "comma-separated"),
     "dtype": ("bf16", "compute dtype (fp32 where bf16 is emulated)", ("bf16", "fp32")),
     "model": ("gpt", "the built-in GPT or a Hugging Face GPT-2 of that shape", ("gpt", "hf-gpt2")),

@@ -1,13 +1,9 @@
 """The step-time plan against measured steps: does ``disttrain estimate`` rank strategies and FSDP groupings as
-they really run, and how close are its times?
-
-For each model (the default GPT; 24 small blocks, 24 x 128) and rank count, the plan (``plan_job`` with this
-machine's cached ``disttrain doctor`` figures) predicts the step of DDP, FSDP (its chosen grouping, one block per
-unit, one unit) and FSDP without reshard; then every variant trains in one launch, one timed ``train_step`` each
-per round, the order rotating; the figure is the median of the slowest rank's step. Goals: each predicted step
-within 25%; the small-blocks model >= 1.3x faster with the chosen grouping than with one block per unit.
-
-    .venv/bin/python -m benchmarks.bench_plan_time [--rounds 3] [--nproc 2,4] [--models default,small-blocks]
+they really run, and how close are its times? For each model (the default GPT; 24 x 128) and rank count, the plan
+(with this machine's cached ``disttrain doctor`` figures) predicts the step of DDP, FSDP (its chosen grouping, one
+block per unit, one unit) and FSDP without reshard; every variant then trains in one launch, one timed step each
+per round. Goals: each predicted step within 25%; the small-blocks model >= 1.3x faster with the chosen grouping
+than with one block per unit.
 """
 
 from __future__ import annotations
@@ -30,10 +26,9 @@ GOALS = {
     "grouping": H.Goal("small blocks: chosen grouping / 1 block per unit", 1.3),
 }
 OPTIONS = {
-    "rounds": (3, "timed steps of each variant (one per round)"),
+    **H.options(rounds=3, micro_batch=8),  # rounds: one timed step of each variant each
     "nproc": ("2,4", "rank counts, comma-separated"),
     "models": ("default,small-blocks", "models, comma-separated"),
-    "micro_batch": (8, "micro-batch per rank"),
     "dtype": ("auto", "compute dtype (auto: what this host is fast in)"),
     "spec": (None, None),  # the workers' variants (a JSON file)
 }

@@ -1,56 +1,40 @@
-"""``disttrain ps`` held to account (``--parts``, default all three). Every ``disttrain ps`` run is the real command,
-its figures from its run folder; every system trains the default job's model, batch and optimizers
-(``PSJobConfig``) on the same samples (step s's global batch drawn from the generator seeded ``seed * 100_003 +
-s``, split by trainer rank), AUC on ``ClickLog.held_out(eval_samples, seed)``.
+"""``disttrain ps`` against a plain one-process loop, PyTorch's RPC parameter-server tutorial and its own plan
+(``--parts``, default all three). Every ``disttrain ps`` run is the real command, its figures from its run folder;
+every system trains the default job's model, batch and optimizers (``PSJobConfig``) on the same samples (step s's
+global batch drawn from the generator seeded ``seed * 100_003 + s``), AUC on ``ClickLog.held_out``.
 
-* ``baseline``: the default job and three variants of it against the plain single-process loop a user would write
-  (:func:`one_process`, its own process: ``--baseline THREADS``): an ``nn.Embedding(rows, dim, sparse=True)`` per
-  table (rows initialised as the servers initialise theirs) with row-sparse ``torch.optim.Adagrad`` (the servers'
-  optimizer and rate), disttrain's ``DenseArch`` with Adam, batch = the job's global batch, evaluations as the
-  job's inside the timed loop, so samples/s count the same work. Two loops: torch's default threads (what a user
-  gets) and one thread (as each PS process runs); the verdict is against the faster. ``--rounds`` rounds, the
-  order rotating; medians, ratios paired per round. Goals: PS >= 0.5x, AUC within 0.003. Then one RPC's cost
-  (two processes joined by ``disttrain.rpc.transport``): an empty call, and ``pull_many`` of server 0's share
-  of one trainer's batch, as the trainers pull it.
-* ``tutorial``: against the pattern of https://pytorch.org/tutorials/intermediate/rpc_param_server_tutorial.html:
-  ONE server process holds the whole model (every table a dense ``nn.Embedding``, and ``DenseArch``); each
-  trainer gets an RRef to it and per step, inside ``dist_autograd.context()``, runs the forward on the server,
-  the loss here, ``dist_autograd.backward`` (dense embedding gradients: every row, every step) and
-  ``DistributedOptimizer.step`` (Adagrad over the tables, Adam over the MLP), each trainer with its own
-  optimizers, unsynchronised (Hogwild). One addition: the tutorial as written fails with two trainers
-  (pytorch/tutorials#2095), so a gate on the server lets the trainers' passes run together and their optimizer
-  steps run together, never one inside the other (:meth:`TutorialServer.enter`). One thread per process. The
-  tutorial's samples/s count the steps after 3 warm-up steps; disttrain's are its ``samples_per_s``, which counts
-  every step, so the ratio, if anything, understates disttrain. Rows: the tutorial (1 server), ``disttrain ps
-  --ps.trainers 2 --ps.servers 1`` and ``--ps.servers 2``. Goal: disttrain >= 3x.
-* ``plan``: ``disttrain ps --plan``'s predicted samples/s against the job's measured (the median per-step
-  samples/s in ``metrics.jsonl`` after 10 steps: start-up and evaluations left out, as the plan leaves them);
-  the plan states +-30% (``jobs.ps_plan.ERROR``). One host: per variant (the default job; servers of their own;
-  plain steps) the plan and the job, interleaved for ``--rounds`` rounds. Two hosts (network namespaces, each in
-  its own PID namespace so that TensorPipe sends tensors over the link), their link limited by tc at each
-  ``--rates`` rate: ``disttrain doctor`` across both (it caches the RPC link), ``ps --plan --launch.nnodes 2``,
-  then the job across both. Needs root; skipped with the reason otherwise.
-
-    .venv/bin/python -m benchmarks.bench_ps [--parts baseline,tutorial,plan] [--rounds 3] [--steps N]
-                                            [--rpc-calls 2000] [--tables 100000 ...] [--rates 20mbit 100mbit]
+* ``baseline``: the default job and three variants of it against :func:`one_process`, the loop a user would write
+  (its own process): a sparse ``nn.Embedding`` per table with row-sparse Adagrad (the servers' optimizer and rate),
+  ``DenseArch`` with Adam, the job's global batch and evaluations; at torch's default threads and at one thread (as
+  each PS process runs), the verdict against the faster. Goals: PS >= 0.5x, AUC within 0.003. Then one RPC's cost:
+  an empty call, and ``pull_many`` of server 0's share of one trainer's batch.
+* ``tutorial``: against https://pytorch.org/tutorials/intermediate/rpc_param_server_tutorial.html: ONE server
+  process holds the whole model (dense ``nn.Embedding`` tables, ``DenseArch``); each trainer runs the forward on it
+  through an RRef inside ``dist_autograd.context()``, then ``dist_autograd.backward`` and its own
+  ``DistributedOptimizer.step``, unsynchronised (Hogwild). The tutorial as written fails with two trainers
+  (pytorch/tutorials#2095): a gate on the server (:meth:`TutorialServer.enter`) keeps passes and optimizer steps
+  apart. Its samples/s count the steps after 3 warm-up steps, disttrain's every step. Goal: disttrain >= 3x.
+* ``plan``: ``disttrain ps --plan``'s predicted samples/s against the job's measured (the median per-step samples/s
+  after 10 steps), within +-30% (``jobs.ps_plan.ERROR``): one host (3 variants interleaved); two network-namespace
+  hosts (each in its own PID namespace, so that TensorPipe sends tensors over the link) at each ``--rates`` rate,
+  after ``disttrain doctor`` across both (root only; skipped with the reason otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import itertools
 import json
 import os
 import subprocess
-import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -96,23 +80,10 @@ def steps_of(args: argparse.Namespace, part: str) -> int:
     return int(args.steps or STEPS[part])
 
 
-def ps_job(root: Path, name: str, *options: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def ps_job(root: Path, name: str, *options: str) -> dict[str, Any]:
     """One ``disttrain ps`` job as a user runs it: its summary.json."""
-    H.disttrain("ps", *options, root=root, name=name, **({"env": env} if env else {}))
+    H.disttrain("ps", *options, root=root, name=name)
     return H.summary(root / name)
-
-
-@contextlib.contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """These environment variables for one part's processes; the next part gets the environment as it was (the
-    two hosts of ``plan`` must not inherit ``TP_SOCKET_IFNAME=lo``)."""
-    before = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
 
 
 def step_batch(log: ClickLog, job: PSJobConfig, step: int) -> Batch:
@@ -219,19 +190,19 @@ def rpc_costs(calls: int) -> dict[str, Any]:
     return {"rows": rows, "pull_rows": raw["rows"], "pull_bytes": raw["bytes"]}
 
 
-def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
-    steps = ["--steps", str(steps_of(args, "baseline"))]
-    lo = os.environ.get("TP_SOCKET_IFNAME", "lo")
-    with environ(TP_SOCKET_IFNAME=lo), tempfile.TemporaryDirectory(prefix="disttrain-ps-baseline-") as tmp:
-        count = itertools.count()
+@H.in_tmp
+def run_baseline(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    steps, count = ["--steps", str(steps_of(args, "baseline"))], itertools.count()
 
-        def ps(options: str) -> dict[str, Any]:
-            s = ps_job(Path(tmp), f"ps{next(count)}", *options.split(), "--train.steps", steps[1])
-            return {"auc": s["final"]["auc"]} | {k: s[k] for k in ("samples_per_s", "bytes_per_step", "cache_hit_rate")}
+    def ps(options: str) -> dict[str, Any]:
+        s = ps_job(tmp, f"ps{next(count)}", *options.split(), "--train.steps", steps[1])
+        return {"auc": s["final"]["auc"]} | {k: s[k] for k in ("samples_per_s", "bytes_per_step", "cache_hit_rate")}
 
-        variants: dict[str, Any] = {k: functools.partial(ps, o) for k, o in BASELINE.items()}
-        variants["one process, torch's default threads"] = lambda: H.run_baseline(__file__, "0", *steps)[0]
-        variants["one process, 1 thread"] = lambda: H.run_baseline(__file__, "1", *steps)[0]
+    variants: dict[str, Any] = {k: functools.partial(ps, o) for k, o in BASELINE.items()}
+    variants["one process, torch's default threads"] = lambda: H.run_baseline(__file__, "0", *steps)[0]
+    variants["one process, 1 thread"] = lambda: H.run_baseline(__file__, "1", *steps)[0]
+    # this part's processes only: the two hosts of ``plan`` must not inherit TP_SOCKET_IFNAME=lo
+    with mock.patch.dict(os.environ, TP_SOCKET_IFNAME=os.environ.get("TP_SOCKET_IFNAME", "lo")):
         runs = H.side_by_side(variants, args.rounds)
         return baseline_report(runs, args) | {"rpc": rpc_costs(args.rpc_calls), "runs": runs}
 
@@ -266,9 +237,8 @@ class TutorialServer(nn.Module):
     def __init__(self, job: PSJobConfig) -> None:
         super().__init__()
         self.tables, self.dense_arch = nn.ModuleList(tables_of(job, sparse=False)), dense_of(job)
-        self._lock, self._gate = threading.Lock(), threading.Condition()
-        self._arrived: dict[str, int] = {}
-        self._phase, self._inside = "", 0
+        self._gate, self._phase, self._inside = threading.Condition(), "", 0
+        self._all = threading.Barrier(job.ps.trainers)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         embs = torch.stack([t(ids[:, i]) for i, t in enumerate(self.tables)], dim=1)  # (batch, tables, dim)
@@ -300,14 +270,9 @@ class TutorialServer(nn.Module):
         self.leave()
         self.enter(phase)
 
-    def arrive(self, name: str) -> int:
-        with self._lock:
-            self._arrived[name] = self._arrived.get(name, 0) + 1
-            return self._arrived[name]
-
-    def arrived(self, name: str) -> int:
-        with self._lock:
-            return self._arrived.get(name, 0)
+    def wait_for_all(self) -> None:
+        """Every trainer waits here for the others: at the end of the warm-up, and before trainer 0 evaluates."""
+        self._all.wait()
 
 
 _SERVER: TutorialServer | None = None
@@ -321,12 +286,6 @@ def get_server(job: PSJobConfig) -> TutorialServer:
         if _SERVER is None:
             _SERVER = TutorialServer(job)
         return _SERVER
-
-
-def barrier(server: Any, name: str, n: int) -> None:
-    server.rpc_sync().arrive(name)
-    while server.rpc_sync().arrived(name) < n:
-        time.sleep(0.005)
 
 
 def train(rank: int, job: PSJobConfig) -> dict[str, Any]:
@@ -346,7 +305,7 @@ def train(rank: int, job: PSJobConfig) -> dict[str, Any]:
     start = time.monotonic()
     for step in range(job.train.steps):
         if step == WARMUP:
-            barrier(server, "warm", job.ps.trainers)
+            server.rpc_sync().wait_for_all()
             start = time.monotonic()
         t, b = time.monotonic(), step_batch(log, job, step)
         server.rpc_sync().enter("pass")
@@ -360,7 +319,7 @@ def train(rank: int, job: PSJobConfig) -> dict[str, Any]:
         server.rpc_sync().leave()
         step_s.append(time.monotonic() - t)
     end = time.monotonic()
-    barrier(server, "done", job.ps.trainers)  # trainer 0 evaluates the model both have trained
+    server.rpc_sync().wait_for_all()  # trainer 0 evaluates the model both have trained
     result: dict[str, Any] = {"start": start, "end": end, "step_s": step_s, "loss": float(loss.detach())}
     held = log.held_out(job.train.eval_samples, job.train.seed)
     return result | (held_out_auc(server.rpc_sync().predict, log, held) if rank == 0 else {})
@@ -381,32 +340,25 @@ def tutorial_worker(i: int, out: str, job: PSJobConfig, port: int) -> None:
     rpc.shutdown()  # waits for every worker
 
 
-def run_tutorial(args: argparse.Namespace) -> dict[str, Any]:
+@H.in_tmp
+def run_tutorial(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     job = PSJobConfig()
     job.ps.tables, job.train.steps = tuple(args.tables), steps_of(args, "tutorial")
     if job.train.steps <= WARMUP:
         raise SystemExit(f"--steps must be above the {WARMUP} warm-up steps")
-    with environ(TP_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"):
+    tables = " ".join(map(str, job.ps.tables))
+    with mock.patch.dict(os.environ, TP_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"):
         per = H.spawn(tutorial_worker, job.ps.trainers + 1, job, free_port())[1:]
-    seconds = max(r["end"] for r in per) - min(r["start"] for r in per)
-    base = (job.train.steps - WARMUP) * job.train.batch * job.ps.trainers / seconds
-    rows = [{"system": "tutorial pattern (1 server)", "samples/s": base, "x tutorial": 1.0, "AUC": per[0]["auc"]}]
-    with tempfile.TemporaryDirectory(prefix="disttrain-ps-") as tmp:
+        seconds = max(r["end"] for r in per) - min(r["start"] for r in per)
+        base = (job.train.steps - WARMUP) * job.train.batch * job.ps.trainers / seconds
+        rows = [{"system": "tutorial pattern (1 server)", "samples/s": base, "x tutorial": 1.0, "AUC": per[0]["auc"]}]
         for n in (1, 2):
             options = f"--ps.trainers {job.ps.trainers} --ps.servers {n} --train.steps {job.train.steps}"
-            options += " --train.eval-interval 0 --ps.tables " + " ".join(map(str, job.ps.tables))
-            r = ps_job(
-                Path(tmp),
-                f"s{n}",
-                *options.split(),
-                env={**os.environ, "TP_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-            )
+            r = ps_job(tmp, f"s{n}", *f"{options} --train.eval-interval 0 --ps.tables {tables}".split())
             rows.append({"system": f"disttrain ps, {n} server(s)", "samples/s": r["samples_per_s"]})
             rows[-1] |= {"x tutorial": r["samples_per_s"] / base, "AUC": r["final"]["auc"]}
-    tables = ", ".join(map(str, job.ps.tables))
-    H.table(
-        rows, f"{job.ps.trainers} trainers, {job.train.steps} steps of {job.train.batch} samples each, tables {tables}"
-    )
+    title = f"{job.ps.trainers} trainers, {job.train.steps} steps of {job.train.batch} samples each, tables {tables}"
+    H.table(rows, title)
     print(f"ceiling AUC (the hidden model) on the held-out samples: {per[0]['ceiling_auc']:.3f}")
     print(f"tutorial pattern, median step {H.median([t for r in per for t in r['step_s'][WARMUP:]]) * 1e3:.1f} ms")
     return {"rows": rows, "goals": [GOALS["tutorial"].check(r["x tutorial"]) for r in rows[1:]], "tutorial": per}
@@ -427,9 +379,12 @@ def measured(run: Path) -> float:
     return H.median([r["samples_per_s"] for r in H.records(run / "metrics.jsonl") if "samples_per_s" in r][10:])
 
 
-def plan_row(where: str, job: str, want: float, got: float) -> dict[str, Any]:
-    return {"where": where, "job": job, "predicted samples/s": want, "measured samples/s": got} | {
-        "measured / predicted": got / want
+def plan_row(where: str, job: str, runs: list[tuple[float, float]]) -> dict[str, Any]:
+    """Medians of the runs' (predicted, measured) samples/s and of their ratios."""
+    row = {"where": where, "job": job, "predicted samples/s": H.median([p for p, _ in runs])}
+    return row | {
+        "measured samples/s": H.median([m for _, m in runs]),
+        "measured / predicted": H.median([m / p for p, m in runs]),
     }
 
 
@@ -443,11 +398,7 @@ def one_host(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
         return predicted(plan.stdout), measured(tmp / name)
 
     got = H.side_by_side({v: functools.partial(plan_and_job, o) for v, o in PLAN.items()}, args.rounds)
-    return [
-        plan_row("one host", v, H.median([p for p, _ in g]), H.median([m for _, m in g]))
-        | {"measured / predicted": H.median([m / p for p, m in g])}
-        for v, g in got.items()
-    ]
+    return [plan_row("one host", v, g) for v, g in got.items()]
 
 
 def wait_all(procs: list[subprocess.Popen[str]], what: str, timeout: float) -> None:
@@ -475,16 +426,16 @@ def two_hosts_at(rate: str, steps: int, tmp: Path) -> dict[str, Any]:
         jobs = [h.disttrain(*job, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate(hosts)]
         wait_all(jobs, f"job at {rate}", 900)
     print(plan.stdout, flush=True)
-    return plan_row(f"two hosts, {rate}", "default", predicted(plan.stdout), measured(tmp / f"two-{rate}"))
+    return plan_row(f"two hosts, {rate}", "default", [(predicted(plan.stdout), measured(tmp / f"two-{rate}"))])
 
 
-def run_plan(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-ps-plan-") as t:
-        rows = one_host(args, Path(t))
-        if (reason := why_not()) is None:
-            rows += [two_hosts_at(rate, steps_of(args, "plan"), Path(t)) for rate in args.rates]
-        else:
-            print(f"two hosts skipped: {reason}", flush=True)
+@H.in_tmp
+def run_plan(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    rows = one_host(args, tmp)
+    if (reason := why_not()) is None:
+        rows += [two_hosts_at(rate, steps_of(args, "plan"), tmp) for rate in args.rates]
+    else:
+        print(f"two hosts skipped: {reason}", flush=True)
     H.table(rows, f"disttrain ps --plan against the job (the plan states +-{ERROR:.0%})")
     within = sum(abs(r["measured / predicted"] - 1) <= ERROR for r in rows)
     print(f"within +-{ERROR:.0%}: {within} of {len(rows)}", flush=True)

@@ -1,40 +1,19 @@
-"""``disttrain rl`` (DQN, 1 learner + N actor processes over RPC) held to account (``--parts``, default all five).
-Every ``disttrain rl`` run is the real command (learner and actors share this machine's cores), its figures from
-the run's summary.json; every baseline runs as its own process (``--baseline KIND``); seeds alternate between the
-two systems.
+"""``disttrain rl`` (DQN, 1 learner + N actor processes over RPC) against single-process DQN loops (``--parts``,
+default all five). Every ``disttrain rl`` run is the real command, its figures from its summary.json; every baseline
+runs as its own process (``--baseline KIND``); seeds alternate between the two systems.
 
-``throughput``: env steps/s on CartPole-v1 with 1-4 actors (chunk 50, inference on the actors), fixed-length runs
-    (``--train.solve-return 0``), the learner's replay-ratio flow control included; with 3 actors, ``--rl.chunk 1``
-    (one RPC per env step, the PyTorch RPC tutorial's pattern) and ``--rl.inference learner`` (SEED RL: one RPC per
-    step to the learner's batched forward), each against chunk 50 with inference on the actors.
-``solve``: time to solve CartPole (mean return of the last 100 counted episodes >= 475) with the defaults, seeds
-    0-2, against a plain single-process DQN loop with disttrain's maths and defaults (:func:`baseline_dqn`: its
-    network, Adam, 3-step returns by ``NStepFolder``, ``ReplayBuffer``, ``dqn_step``, replay ratio 8, target copy
-    every 250 updates; CleanRL's exploration schedule, epsilon 1.0 to 0.02 over the first 20% of the cap). Both
-    count only episodes begun with epsilon <= 0.02; both times are the training loop only (disttrain:
-    summary.json ``wall_s``); a seed not solved counts as infinite in the medians. Goals: disttrain's median
-    <= 120 s and <= 0.7x the baseline's. The whole command's time is shown beside it.
-
-Against strong single-process DQN loops on real environments, each written here after the public example named,
-with that example's hyperparameters (:data:`EXAMPLES`):
-
-``a``: CartPole-v1 vs CleanRL's ``dqn.py`` (one environment; it stops when the mean return of its last 100
-    episodes is >= 475, or at ``--cap`` steps); ``disttrain rl`` with its defaults. Compared: the whole command's
-    wall time, imports included, median over seeds 0-4, a seed not solved counting as infinite; goals 5/5 solved
-    and <= 1.0x.
-``b``: LunarLander-v3 (Box2D) vs Stable-Baselines3's DQN with rl-baselines3-zoo's hyperparameters (n_timesteps
-    1e5: its exploration schedule's length), the same wall-time cap for both (``--lunar-budget-s``; disttrain also
-    stops at ``--cap`` env steps). Solved = mean return >= 200 over 100 episodes: disttrain's near-greedy actors'
-    last 100; the baseline's last 100 training episodes, or 100 greedy episodes every 25,000 steps (the zoo's
-    ``EvalCallback``), left out of its time. ``disttrain rl --rl.env-id LunarLander-v3 --train.solve-return 200``.
-    Compared: time to solve, median over seeds 0-2; goals 3/3 and <= 0.8x.
-``c``: ALE/Pong-v5 (ale-py; 84x84 grey, 4 frames stacked, frame skip 4): trained frames/s of the whole loop at the
-    same replay ratio (8 samples per agent step), CleanRL ``dqn_atari.py``'s loop in one process vs ``disttrain
-    rl`` with 2 actors, the same steps, start-up excluded; goal >= 1.5x (out of reach on 2 cores: the ceiling the
-    learner's update allows is in benchmarks/HISTORY.md).
-
-    .venv/bin/python -m benchmarks.bench_rl [--parts throughput solve a b c] [--seeds 0 1 2] [--cap 500000]
-                                            [--cartpole-seeds 0 1 2 3 4]
+``throughput``: env steps/s on CartPole-v1 by actors (1-4; chunk 50, inference on the actors), fixed-length runs;
+    with 3 actors, ``--rl.chunk 1`` (one RPC per env step) and ``--rl.inference learner`` (SEED RL) against chunk 50.
+``solve``: time to solve CartPole (mean return of the last 100 counted episodes >= 475) with the defaults against
+    :func:`baseline_dqn`, a plain loop with disttrain's maths and defaults and CleanRL's exploration schedule; both
+    count only episodes begun at epsilon <= 0.02 and time the training loop only; a seed not solved counts as
+    infinite in the medians. Goals: disttrain's median <= 120 s and <= 0.7x the baseline's.
+``a``, ``b``, ``c``: against strong loops written here after public examples, with their hyperparameters
+    (:data:`EXAMPLES`): (a) CartPole-v1 vs CleanRL ``dqn.py``, whole-command wall times, goals 5/5 solved and
+    <= 1.0x; (b) LunarLander-v3 vs SB3-zoo's DQN under the same wall-time cap (``--lunar-budget-s``), solved = mean
+    return >= 200 over 100 episodes (the baseline's greedy evaluations every 25,000 steps, the zoo's
+    ``EvalCallback``, left out of its time), goals 3/3 and <= 0.8x; (c) ALE/Pong-v5 trained frames/s at the same
+    replay ratio, CleanRL ``dqn_atari.py``'s loop vs 2 actors, start-up excluded, goal >= 1.5x.
 """
 
 from __future__ import annotations
@@ -46,7 +25,6 @@ import itertools
 import math
 import random
 import statistics
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -109,29 +87,6 @@ def run_rl(root: Path, name: str, args: list[str], timeout_s: float) -> dict[str
     return {**s, "command_s": ran.wall_s}
 
 
-def solve_runs(
-    root: Path,
-    kind: str,
-    seeds: list[int],
-    options: list[str],
-    baseline: Callable[[int], dict[str, Any]],
-    timeout: float,
-) -> dict[str, list[dict[str, Any]]]:
-    """Per seed, ``disttrain rl OPTIONS --train.seed S`` and ``baseline(S)`` (its own process), the order
-    alternating seed by seed."""
-    order = {"disttrain": iter(seeds), "baseline": iter(seeds)}
-
-    def disttrain() -> dict[str, Any]:
-        seed = next(order["disttrain"])
-        return {"seed": seed, **run_rl(root, f"{kind}-s{seed}", [*options, "--train.seed", str(seed)], timeout)}
-
-    def base() -> dict[str, Any]:
-        seed = next(order["baseline"])
-        return {"seed": seed, **baseline(seed)}
-
-    return H.side_by_side({"disttrain": disttrain, "baseline": base}, len(seeds))
-
-
 def to_solve(runs: list[dict[str, Any]], key: str) -> float:
     """Median over seeds of ``key`` for solving, a seed not solved (or failed) counting as never solving: the
     median is finite only if more than half the seeds solved."""
@@ -168,22 +123,19 @@ def nature_cnn() -> nn.Module:
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One public example's DQN: its environment, network (for observations of ``shape``) and hyperparameters.
-    Epsilon falls linearly from 1 to ``eps_end`` over the first ``explore`` of the schedule's steps; every
-    ``train_every`` env steps after ``starts``, ``updates`` updates of ``batch`` from a replay of ``buffer``
-    (target: reward + 0.99 x the target network's max); the target copied every ``target_every`` env steps;
-    ``clip``: SB3's smooth L1 loss and gradient-norm clip (0: CleanRL's MSE); solved: the mean return of the last
-    100 episodes >= ``solve``."""
+    """One public example's DQN: epsilon falls linearly from 1 to ``eps_end`` over the first ``fraction`` of the
+    schedule; every ``every`` env steps after ``starts``, ``updates`` updates of ``batch`` (target: reward + 0.99 x
+    the target network's max); solved: the mean return of the last 100 episodes >= ``solve``."""
 
     env: str
     net: Callable[[], nn.Module]
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # of an observation
     lr: float
     explore: tuple[float, float]  # (fraction, eps_end)
     train: tuple[int, int, int, int]  # (starts, every, updates, batch)
-    target_every: int
-    buffer: int
-    clip: float
+    target_every: int  # env steps between copies into the target network
+    buffer: int  # replay size
+    clip: float  # SB3's smooth L1 loss and gradient-norm clip (0: CleanRL's MSE)
     solve: float
 
 
@@ -312,8 +264,9 @@ def update(ex: Example, net: nn.Module, target: nn.Module, opt: Any, batch: tupl
 
 
 def baseline_dqn(args: argparse.Namespace) -> dict[str, Any]:
-    """CleanRL-style DQN on one CartPole-v1 env in this process, disttrain's defaults and maths (see the module
-    docstring); timed from the first env step, set-up excluded."""
+    """DQN on one CartPole-v1 env in this process with disttrain's defaults and maths: its network, Adam, 3-step
+    returns (``NStepFolder``), ``ReplayBuffer``, ``dqn_step``; CleanRL's exploration schedule (epsilon 1.0 to 0.02
+    over the first 20% of the cap). Timed from the first env step."""
     torch.set_num_threads(1)
     d, t, seed = RLConfig(), RLTrainConfig(), args.seed  # the [rl] and [train] defaults
     env, spec = gym.make(d.env_id), env_spec(d.env_id)
@@ -339,12 +292,7 @@ def baseline_dqn(args: argparse.Namespace) -> dict[str, Any]:
                 action = int(net(torch.from_numpy(obs).float()).argmax())
         nxt, reward, term, trunc, _ = env.step(action)
         folder.add(
-            obs[None],
-            np.array([action]),
-            np.array([reward], np.float64),
-            nxt[None],
-            np.array([term]),
-            np.array([trunc]),
+            obs[None], np.array([action]), np.array([float(reward)]), nxt[None], np.array([term]), np.array([trunc])
         )
         step, ep_ret, obs = step + 1, ep_ret + float(reward), nxt
         if term or trunc:
@@ -392,7 +340,7 @@ def run_baseline(kind: str, seed: int, args: argparse.Namespace) -> dict[str, An
     return r
 
 
-def atari_part(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def atari_part(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     job = "--rl.env-id ALE/Pong-v5 --rl.actors 2 --rl.batch 32 --rl.replay-ratio 8 --rl.replay-capacity 10000"
     job += f" --rl.learning-starts {ATARI_STARTS} --train.max-env-steps {args.atari_steps} --train.solve-return 0"
     base = run_baseline("atari", 0, args)
@@ -412,25 +360,46 @@ def atari_part(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"disttrain": dt, "baseline": base, "goals": [GOALS["atari"].check(ratio)]}
 
 
-def solve_part(root: Path, args: argparse.Namespace, kind: str, seeds: list[int], options: str) -> dict[str, Any]:
-    """(a) or (b): per seed, both systems; whole-command times (the baseline's less its evaluations)."""
-    runs = solve_runs(root, kind, seeds, options.split(), lambda s: run_baseline(kind, s, args), args.timeout_s)
-    for r in runs["disttrain"]:
-        r["counted_s"] = r["command_s"]
+TITLES = {
+    "dqn": "Solving CartPole-v1 (cap {cap:,} steps)",
+    "cartpole": "(a) CartPole-v1: disttrain rl vs CleanRL dqn.py, whole command",
+    "lunar": "(b) LunarLander-v3: disttrain rl vs SB3-zoo DQN, time to solve (the same wall-time cap)",
+}
+
+
+def solve_part(args: argparse.Namespace, root: Path, kind: str, seeds: list[int], options: list[str]) -> dict[str, Any]:
+    """Per seed, ``disttrain rl OPTIONS --train.seed S`` and the baseline ``kind`` (its own process), the order
+    alternating seed by seed. Time to solve: ``dqn``, the loops'; (a), (b), whole commands (less evaluations)."""
+    todo = {"disttrain": iter(seeds), "baseline": iter(seeds)}
+
+    def disttrain() -> dict[str, Any]:
+        seed = next(todo["disttrain"])
+        r = run_rl(root, f"{kind}-s{seed}", [*options, "--train.seed", str(seed)], args.timeout_s)
         if kind == "lunar":  # the same wall-time cap as the baseline's
             r["solved"] = bool(r.get("solved")) and r["command_s"] <= args.lunar_budget_s
-    title = {"cartpole": "(a) CartPole-v1: disttrain rl vs CleanRL dqn.py, whole command"}
-    title["lunar"] = "(b) LunarLander-v3: disttrain rl vs SB3-zoo DQN, time to solve (the same wall-time cap)"
-    solved = solve_table(title[kind], runs, ("env_steps", "return", "counted_s"))
-    med = {s: to_solve(rs, "counted_s") for s, rs in runs.items()}
-    print(f"  medians (whole command less any evaluation, unsolved = inf): {med}; solved {solved}", flush=True)
-    # a baseline that solved at most half its seeds has no finite median: no ratio; nor when disttrain missed one
-    all_solved = solved["disttrain"] == f"{len(seeds)}/{len(seeds)}"
-    ratio = med["disttrain"] / med["baseline"] if math.isfinite(med["baseline"]) and all_solved else math.nan
-    return {"runs": runs, "medians_s": med, "solved": solved, "goals": [GOALS[kind].check(ratio)]}
+        return {"seed": seed, "counted_s": r["command_s"], **r}
+
+    def baseline() -> dict[str, Any]:
+        seed = next(todo["baseline"])
+        return {"seed": seed, **run_baseline(kind, seed, args)}
+
+    runs = H.side_by_side({"disttrain": disttrain, "baseline": baseline}, len(seeds))
+    loop = kind == "dqn"
+    keys = ("wall_s", "episodes", "updates", "command_s") if loop else ("counted_s",)
+    solved = solve_table(TITLES[kind].format(cap=args.cap), runs, ("env_steps", "return", *keys))
+    med = {s: to_solve(rs, "wall_s" if loop else "counted_s") for s, rs in runs.items()}
+    print(f"  median s to solve ({'loop' if loop else 'less evaluations'}; unsolved = inf): {med}; solved {solved}")
+    if loop:
+        print(f"  disttrain's whole command: {to_solve(runs['disttrain'], 'command_s'):.1f} s", flush=True)
+        goals = [GOALS["solve"].check(med["disttrain"]), GOALS["ratio"].check(med["disttrain"] / med["baseline"])]
+    else:  # a baseline that solved at most half its seeds has no finite median: no ratio; nor when disttrain missed one
+        all_solved = solved["disttrain"] == f"{len(seeds)}/{len(seeds)}"
+        ratio = med["disttrain"] / med["baseline"] if math.isfinite(med["baseline"]) and all_solved else math.nan
+        goals = [GOALS[kind].check(ratio)]
+    return {"runs": runs, "medians_s": med, "solved": solved, "goals": goals}
 
 
-def throughput(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def throughput(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Fixed-length runs by actors, chunk and where inference runs: env steps/s."""
     runs, rows, rate = {}, [], {}
     for actors, chunk, inference in THROUGHPUT:
@@ -448,39 +417,16 @@ def throughput(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"ratios": ratios, "runs": runs}
 
 
-def solve(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """CartPole solved by disttrain rl's defaults and by :func:`baseline_dqn`, seed by seed: loop times."""
-    cap = [] if args.cap == OPTIONS["cap"][0] else ["--train.max-env-steps", str(args.cap)]
-    runs = solve_runs(root, "solve", args.seeds, cap, lambda s: run_baseline("dqn", s, args), args.timeout_s)
-    keys = ("wall_s", "env_steps", "episodes", "updates", "return", "command_s")
-    solved = solve_table(f"Solving CartPole-v1 (cap {args.cap:,} steps)", runs, keys)
-    med = {s: to_solve(rs, "wall_s") for s, rs in runs.items()}
-    command_s = to_solve(runs["disttrain"], "command_s")
-    print(f"median loop s to solve (unsolved = inf): {med}, disttrain's whole command {command_s:.1f}; solved {solved}")
-    goals = [GOALS["solve"].check(med["disttrain"]), GOALS["ratio"].check(med["disttrain"] / med["baseline"])]
-    return {"medians_s": med, "goals": goals, "runs": runs}
-
-
-def in_tmp(part: Callable[[Path, argparse.Namespace], dict[str, Any]]) -> Callable[[argparse.Namespace], Any]:
-    """A part that runs in a temporary folder of its own."""
-
-    def run(args: argparse.Namespace) -> dict[str, Any]:
-        with tempfile.TemporaryDirectory(prefix="disttrain-rl-bench-") as tmp:
-            return part(Path(tmp), args)
-
-    return run
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     H.one_thread()
-    cap = "" if args.cap == OPTIONS["cap"][0] else f"--train.max-env-steps {args.cap}"
-    lunar = f"--rl.env-id LunarLander-v3 --train.solve-return 200 --train.max-env-steps {args.cap}"
+    cap = [] if args.cap == OPTIONS["cap"][0] else ["--train.max-env-steps", str(args.cap)]
+    lunar = f"--rl.env-id LunarLander-v3 --train.solve-return 200 --train.max-env-steps {args.cap}".split()
     runs = {
-        "throughput": in_tmp(throughput),
-        "solve": in_tmp(solve),
-        "a": in_tmp(lambda root, args: solve_part(root, args, "cartpole", args.cartpole_seeds, cap)),
-        "b": in_tmp(lambda root, args: solve_part(root, args, "lunar", args.lunar_seeds, lunar)),
-        "c": in_tmp(atari_part),
+        "throughput": H.in_tmp(throughput),
+        "solve": H.in_tmp(lambda args, root: solve_part(args, root, "dqn", args.seeds, cap)),
+        "a": H.in_tmp(lambda args, root: solve_part(args, root, "cartpole", args.cartpole_seeds, cap)),
+        "b": H.in_tmp(lambda args, root: solve_part(args, root, "lunar", args.lunar_seeds, lunar)),
+        "c": H.in_tmp(atari_part),
     }
     return H.parts(args, __file__, runs)
 

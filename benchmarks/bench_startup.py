@@ -1,9 +1,7 @@
 """Start-up of a small job: a 2-rank, 3-step tiny training from the command to the exit, wall and CPU seconds:
 ``torchrun --nproc-per-node 2`` of a plain DDP script (:data:`PLAIN`) against ``disttrain run`` with its CPU ranks
-forked from the launcher (the default) and started fresh (``DISTTRAIN_WORKER_START=exec``). Rounds rotate the
-order; medians and paired ratios. The cost is fixed per job and restart: imports, rendezvous, process groups.
-
-    .venv/bin/python -m benchmarks.bench_startup [--rounds 5]
+forked from the launcher (the default) and started fresh (``DISTTRAIN_WORKER_START=exec``): the fixed cost per job
+and restart (imports, rendezvous, process groups).
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from disttrain.testing.tiny import tiny_cli_args, write_small_text
 
 STEPS = 3
 OPTIONS = {
-    "rounds": (5, "rounds of the three commands"),
-    "warmup": (1, "untimed runs of each first (page cache, bytecode)"),
+    **H.options(rounds=5, warmup=1),  # warmup: runs (page cache, bytecode)
 }
 QUICK = {"rounds": 1, "warmup": 0}
 

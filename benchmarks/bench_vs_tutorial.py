@@ -1,13 +1,8 @@
-"""``disttrain run`` with its defaults against the FSDP2 loop a tutorial writes, side by side: tokens/s ratio.
-
-The default GPT on 2 ranks, micro-batch 8, in one launch, blocks of steps alternating. The tutorial loop is
-``bench_overhead.PlainLoop("fsdp")`` with the tutorial's choices (``fully_shard`` per block then the root,
-``MixedPrecisionPolicy(param_dtype=DTYPE, reduce_dtype=fp32)``, AdamW defaults); disttrain is ``Trainer.fit()``
-with every ``parallel`` and ``precision`` setting at its default: what a new user gets. ``--dtype``: the
-tutorial's (on a CPU where bf16 is emulated, compare at fp32 too). Each rank also measures its matmul peak after
-the rounds, for each loop's MFU and the ceiling of the ratio (``1 / tutorial MFU``). Goal: >= 1.6x.
-
-    .venv/bin/python -m benchmarks.bench_vs_tutorial [--dtype bf16|fp32] [--launches 3] [--rounds 4]
+"""``disttrain run`` with its defaults against the FSDP2 loop a tutorial writes: tokens/s ratio. The default GPT
+on 2 ranks in one launch; the tutorial loop is ``bench_overhead.PlainLoop("fsdp")`` with the tutorial's choices
+(``fully_shard`` per block then the root, ``MixedPrecisionPolicy(param_dtype=DTYPE, reduce_dtype=fp32)``, AdamW
+defaults); disttrain is ``Trainer.fit()`` with every ``parallel`` and ``precision`` setting at its default. Each
+rank also measures its matmul peak, for each loop's MFU and the ratio's ceiling. Goal: >= 1.6x.
 """
 
 from __future__ import annotations
@@ -23,10 +18,8 @@ from disttrain.config import DTYPES
 
 GOAL = H.Goal("disttrain defaults / tutorial tokens/s", 1.6)
 OPTIONS = {
-    "launches": (3, "fresh launches (the figure: the median over them)"),
-    **H.block_options(rounds=4, steps_per_block=2, warmup=2),
-    **H.gpt_options(layers=6, width=384, heads=6, context=256, micro_batch=8),
-    "nproc": (2, "ranks"),
+    **H.options(launches=3, nproc=2, rounds=4, steps_per_block=2, warmup=2),
+    **H.options(layers=6, width=384, heads=6, context=256, micro_batch=8),
     "dtype": ("bf16", "the tutorial loop's compute dtype", ("bf16", "fp32")),
     "model": ("gpt", None),  # PlainLoop's model choice
 }

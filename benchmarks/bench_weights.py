@@ -1,11 +1,7 @@
 """Peak host memory of starting FSDP(2) from pretrained weights: ``--model.weights`` (meta build, each rank reads
-only its slices of the safetensors file) vs every rank loading the whole file, then ``fully_shard``.
-
-A Hugging Face GPT-2 (8 x 512: ~100 MB in fp32) saved with ``save_pretrained``; each variant in fresh processes,
-alternating, ``--launches`` times; the peak RSS (VmHWM, reset after imports) above the RSS after imports, the
+only its slices of the safetensors file) vs every rank loading the whole file, then ``fully_shard``. A Hugging
+Face GPT-2 (8 x 512); each variant in fresh processes, alternating; the peak RSS above the RSS after imports, the
 larger of the two ranks. Goal: disttrain / whole file <= 0.6.
-
-    .venv/bin/python -m benchmarks.bench_weights [--launches 3] [--layers 8] [--width 512]
 """
 
 from __future__ import annotations
@@ -23,9 +19,7 @@ from benchmarks import harness as H
 
 GOAL = H.Goal("peak RSS, disttrain --model.weights / whole file", 0.6, higher_is_better=False)
 OPTIONS = {
-    "launches": (3, "fresh launches per variant (median over them)"),
-    "layers": (8, "GPT-2 blocks"),
-    "width": (512, "GPT-2 width"),
+    **H.options(launches=3, layers=8, width=512),  # of a Hugging Face GPT-2
     "variant": (None, None, ("disttrain", "whole")),  # the workers'
     "weights": (None, None),
 }

@@ -1,16 +1,9 @@
-"""The benchmark suite's harness: what every benchmark in ``benchmarks/`` runs through.
+"""The benchmark suite's harness: what every benchmark in ``benchmarks/`` runs through (benchmarks/README.md).
 
 A benchmark declares its options (and the smaller values of its quick tier) and its goals, and hands :func:`main`
 a ``run`` (the parent side) and, when it launches ranks, a ``worker``, or, when it has a baseline that runs as a
-process of its own, a ``baseline``. The harness owns the rest: one command line (``--quick`` and ``--rounds``
-mean the same everywhere), variants side by side in rotating order (blocks of steps in one process, or each
-variant its own process, started as users start it), medians and paired ratios, the machine header,
-``benchmarks/results/NAME.json`` (git-ignored; ``NAME_quick.json`` for the quick tier) and each goal's verdict.
-
-This machine is shared and noisy, so every comparison is a ratio of variants measured in the same run, the order
-rotating every round (a slow drift in load hits every variant alike), with medians over rounds; *paired* ratios
-divide two variants' figures of the same round before taking the median. Launching ranks and collecting their
-results, free ports and tiny jobs come from :mod:`disttrain.testing`, which the tests use too.
+process of its own, a ``baseline``. The harness owns the rest: the command line, variants side by side in rotating
+order, medians and paired ratios, tables, the goals' verdicts and ``benchmarks/results/NAME.json``.
 """
 
 from __future__ import annotations
@@ -110,6 +103,14 @@ COMMON = {
     "nproc": "ranks",
     "rounds": "rounds of the variants, side by side",
     "steps": "steps per job",
+    "steps_per_block": "steps per timed block",
+    "warmup": "untimed steps (runs) of each variant first",
+    "launches": "fresh launches (the figure: the median over them)",
+    "layers": "GPT blocks",
+    "width": "GPT width",
+    "heads": "attention heads",
+    "context": "context length",
+    "micro_batch": "micro-batch per rank",
     "seeds": "seeds (one run of each system per seed)",
     "timeout_s": "seconds before a run is given up",
     "seed": None,  # a baseline's (--baseline KIND --seed S)
@@ -119,21 +120,6 @@ COMMON = {
 def options(**defaults: Any) -> dict[str, Option]:
     """Options every benchmark that has them declares alike (:data:`COMMON`), with these defaults."""
     return {name: (default, COMMON[name]) for name, default in defaults.items()}
-
-
-def block_options(rounds: int, steps_per_block: int, warmup: int) -> dict[str, Option]:
-    """``--rounds --steps-per-block --warmup`` of a benchmark that times blocks of steps (:func:`interleave`)."""
-    return {
-        "rounds": (rounds, "timed blocks per variant"),
-        "steps_per_block": (steps_per_block, "steps per timed block"),
-        "warmup": (warmup, "untimed steps per variant first"),
-    }
-
-
-def gpt_options(layers: int, width: int, heads: int, context: int, micro_batch: int) -> dict[str, Option]:
-    """``--layers --width --heads --context --micro-batch``: the shape of a benchmark's GPT, its micro-batch."""
-    shape = {"layers": (layers, "GPT blocks"), "width": (width, "GPT width"), "heads": (heads, "attention heads")}
-    return shape | {"context": (context, "context length"), "micro_batch": (micro_batch, "micro-batch per rank")}
 
 
 QUICK_BLOCKS = {"rounds": 1, "steps_per_block": 1, "warmup": 1}
@@ -189,6 +175,16 @@ def parts(args: argparse.Namespace, script: str, runs: Mapping[str, Callable[...
     goals = [g for r in results.values() for g in r.pop("goals", [])]
     name = Path(script).stem + ("" if len(results) == len(runs) else "_" + "_".join(results))
     return {"name": name, "goals": goals, **results}
+
+
+def in_tmp(part: Callable[[argparse.Namespace, Path], T]) -> Callable[[argparse.Namespace], T]:
+    """A part (of :func:`parts`) run as ``part(args, folder)`` in a temporary folder of its own, removed after it."""
+
+    def run(args: argparse.Namespace) -> T:
+        with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
+            return part(args, Path(tmp))
+
+    return run
 
 
 # -- side by side -------------------------------------------------------------------------------------
@@ -260,7 +256,7 @@ def per_call(fn: Callable[[], Any], n: int = 1) -> Callable[[], float]:
 
 
 def blocks(args: argparse.Namespace) -> dict[str, Any]:
-    """:func:`interleave`'s blocks as :func:`block_options` declared them."""
+    """:func:`interleave`'s blocks as ``--rounds --steps-per-block --warmup`` give them."""
     return {"steps_per_block": args.steps_per_block, "rounds": args.rounds, "warmup": args.warmup}
 
 
@@ -405,7 +401,7 @@ def gpt(layers: int, width: int, heads: int, context: int) -> dict[str, int]:
 
 
 def gpt_of(args: argparse.Namespace) -> dict[str, int]:
-    """The ``model`` section of the GPT :func:`gpt_options` declared."""
+    """The ``model`` section of the GPT ``--layers --width --heads --context`` give."""
     return gpt(args.layers, args.width, args.heads, args.context)
 
 

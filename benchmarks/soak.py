@@ -1,16 +1,11 @@
 """The soak: one long ``disttrain run`` job meets random faults of every kind the project claims to survive,
 drawn from a seed, and must end exactly where an uninterrupted run (with the same NaNs) ends.
 
-The job: the tiny GPT, 2 ranks, FSDP, fp32, a checkpoint every ``--interval`` steps onto a small tmpfs of its
-own (mounted here: root), heartbeats every 0.5 s, a hang timeout of 5 s. The faults, one at a time, every kind
-once when there are five or more, any rank: ``kill`` (SIGKILL from outside, or injected as a step starts),
-``stop`` (SIGSTOP from outside, or injected in the forward), ``disk_full`` (the checkpoint disk filled right
-after a commit until a save fails), ``truncate`` (the newest checkpoint's biggest file cut in half, then a rank
-killed) and ``nan`` (a NaN loss the bad-step guard must skip). The checks: losses bitwise equal but the skipped
-NaN steps, every kept checkpoint verifies and equals the uninterrupted run's, nothing temporary left behind, and
-per fault the seconds to training again. What each fault tests: docs/fault-tolerance.md. Not run by ``make bench``.
-
-    .venv/bin/python -m benchmarks.soak [--seed 1] [--steps 300] [--faults 12] [--quick] [--keep]  # as root
+The job: the tiny GPT, 2 ranks, FSDP, fp32, a checkpoint every ``--interval`` steps onto a small tmpfs of its own
+(mounted here: root), heartbeats every 0.5 s, a hang timeout of 5 s. The faults (:data:`KINDS`; what each tests:
+docs/fault-tolerance.md), one at a time, every kind once when there are five or more, any rank, from outside or
+injected. The checks: losses bitwise equal but the skipped NaN steps, every kept checkpoint verifies and equals the
+uninterrupted run's, nothing temporary left behind; per fault, the seconds to training again. Needs root.
 """
 
 from __future__ import annotations
