@@ -280,9 +280,7 @@ def report_saves(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         speeds.append({"": label, "checkpoint MB/s": s0["bytes"] / MB / H.median(mine)})
         speeds[-1] |= {"plain MB/s": s0["bytes"] / MB / H.median(theirs), **H.ratio(theirs, mine)}
     model = f"GPT {args.big_layers}x{args.big_width} = {s0['params'] / 1e6:.1f}M params + AdamW"
-    H.table(
-        blocked, f"\n1. Loop blocked per save: {args.nproc} ranks ({s0['strategy']}), {model}; {args.rounds} rounds"
-    )
+    H.table(blocked, f"\n1. Loop blocked per save: {args.nproc} ranks ({s0['strategy']}), {model}")
     H.table(speeds, f"\n2. Throughput of {s0['bytes'] / MB:.0f} MB against plain files; MB/s of the slowest rank")
     goals = [GOALS["blocked"].check(r["ratio"]) for r in blocked if r["save"].startswith("async")]
     goals += [GOALS["throughput"].check(speeds[i]["ratio"]) for i in (0, 2)]
@@ -310,10 +308,7 @@ def report_steps(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[
     ]
     rows[1]["IQR"] = f"{lo:+.2%} to {hi:+.2%}"
     model = f"GPT {args.layers}x{args.width} ctx {args.context}, micro-batch {args.micro_batch}"
-    H.table(
-        rows,
-        f"\n3. Step-time overhead: {args.nproc} ranks, {model}; {args.step_rounds} rounds of {args.interval} steps",
-    )
+    H.table(rows, f"\n3. Step-time overhead: {args.nproc} ranks, {model}, blocks of {args.interval} steps")
     goal = GOALS["overhead"].check(rows[1]["overhead"])
     return {"rows": rows, "goals": [goal], "failures": ranks[0]["steps"]["failures"], "times_s_per_step": times}
 

@@ -20,7 +20,6 @@ import random
 import re
 import shutil
 import sys
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -86,30 +85,24 @@ def train_bpe(corpus: Path, vocab: int, out: Path) -> Path:
     return out / "tokenizer.json"
 
 
-def run_prepare(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
-    try:
-        files = [str(f) for f in make_corpus(work, args.mb)]
-        tok = str(train_bpe(Path(files[0]), args.vocab, work / "trained"))
-        fresh = itertools.count()
+@H.in_tmp
+def run_prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    files = [str(f) for f in make_corpus(work, args.mb)]
+    tok, out = str(train_bpe(Path(files[0]), args.vocab, work / "trained")), work / "prepared"
 
-        def prepare() -> H.Ran:
-            out = work / f"prepare{next(fresh)}"
-            options = ["--tokenizer", tok, "--out", str(out), "--val-fraction", "0"]
-            ran = H.command([str(DISTTRAIN), "data", "prepare", *files, *options])
-            shutil.rmtree(out)
-            return ran
+    def prepare() -> H.Ran:
+        options = ["--tokenizer", tok, "--out", str(out), "--val-fraction", "0"]
+        ran = H.command([str(DISTTRAIN), "data", "prepare", *files, *options])
+        shutil.rmtree(out)  # each round writes afresh
+        return ran
 
-        def plain() -> H.Ran:
-            out = work / "plain.bin"
-            ran = H.command([sys.executable, "-c", PLAIN, tok, str(out), *files])
-            out.unlink()
-            return ran
+    def plain() -> H.Ran:
+        ran = H.command([sys.executable, "-c", PLAIN, tok, str(work / "plain.bin"), *files])
+        (work / "plain.bin").unlink()
+        return ran
 
-        runs = H.side_by_side({"prepare": prepare, "plain": plain}, args.rounds)
-        size = sum(Path(f).stat().st_size for f in files)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    runs = H.side_by_side({"prepare": prepare, "plain": plain}, args.rounds)
+    size = sum(Path(f).stat().st_size for f in files)
     times = {n: [r.wall_s for r in rs] for n, rs in runs.items()}
     tokens = int(runs["plain"][0].stdout.split()[-1])
     med = {n: H.median(ts) for n, ts in times.items()}
@@ -192,13 +185,10 @@ def on_the_fly(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]
     }
 
 
-def run_scale(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="bench-data-"))
-    try:
-        runs, loader = scale(args, work)
-        raw = on_the_fly(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+@H.in_tmp
+def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    runs, loader = scale(args, work)
+    raw = on_the_fly(args, work)
     med = {
         n: {k: H.median([r[k] for r in rs]) for k in ("first_step_s", "rss", "tokens_per_s")} for n, rs in runs.items()
     }

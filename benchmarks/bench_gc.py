@@ -108,12 +108,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         | {"fit() outside steps ms": max(H.median([b["outside_steps_s"] for b in d["blocks"][k]]) for d in ranks) * 1e3}
         for k, label in labels.items()
     ]
-    H.table(
-        rows,
-        f"\n2. Training: Trainer.fit(), {args.nproc} ranks DDP, GPT {args.layers}x{args.width} ctx {args.context} "
-        f"micro-batch {args.micro_batch}; {args.rounds} rounds x {args.steps_per_block} steps per block; ms/step: "
-        "slowest rank per block, median over rounds; ratio: paired, against the automatic collector",
-    )
+    model = f"GPT {args.layers}x{args.width} ctx {args.context}, micro-batch {args.micro_batch}"
+    H.table(rows, f"\n2. Training: Trainer.fit(), {args.nproc} ranks DDP, {model}; ratio: against automatic")
     return {"pauses": pauses, "rows": rows, "raw": ranks}
 
 

@@ -150,11 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     H.table(rows, f"health monitoring cost, {args.nproc} ranks, {args.rounds} rounds x {args.steps_per_block} steps")
     step_s, interval = H.median(times["none"]), HealthConfig().straggler_interval
     direct = [direct_row(r, rank["direct"], step_s, interval) for r, rank in enumerate(ranks)]
-    H.table(
-        direct,
-        "direct: cost of one heartbeat period (set + verdict check [+ watchdog pass]), of the hooks and of the "
-        "straggler window's all-gather (once per straggler_interval steps)",
-    )
+    H.table(direct, "direct: a heartbeat period (set + verdict check [+ watchdog]), the hooks, the straggler exchange")
     goals = [GOAL.check(rows[2]["ratio"])]
     return {"rows": rows, "direct": direct, "goals": goals, "raw": [r["direct"] for r in ranks], "times": times}
 

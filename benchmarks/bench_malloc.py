@@ -91,10 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"variant": v, "glibc defaults ms": H.median(medians["glibc"]) * 1e3})
         rows[-1] |= {"launcher's ms": H.median(medians["launcher"]) * 1e3, "speed-up": H.median(per_pair)}
         rows[-1]["per pair"] = " ".join(f"{x:.2f}" for x in per_pair)
-    H.table(
-        rows,
-        f"Part 2: GPT {args.layers}x{args.width}, 2 ranks, {args.rounds} rounds per launch, {args.pairs} launch pairs",
-    )
+    H.table(rows, f"Part 2: GPT {args.layers}x{args.width}, 2 ranks, {args.rounds} rounds x {args.pairs} launch pairs")
     rss = {side: max(r["peak_rss"] for r in rs) / 2**20 for side, rs in runs.items()}
     print(f"peak RSS per rank (largest of the launches): glibc defaults {rss['glibc']:.0f} MiB, ", end="")
     print(f"launcher's {rss['launcher']:.0f} MiB")

@@ -98,10 +98,7 @@ def run_measure(args: argparse.Namespace) -> dict[str, Any]:
         for world in [int(n) for n in args.ranks.split(",")]:
             results[f"d{width}_x{world}"] = res = measure_at(args, width, world)
             rows += measure_rows(width, world, res["compare"])
-    H.table(
-        rows,
-        f"Predicted vs measured per rank (largest rank), GPT 6 layers, {args.dtype}, micro-batch {args.micro_batch}",
-    )
+    H.table(rows, f"Predicted vs measured per rank, GPT 6 layers, {args.dtype}, micro-batch {args.micro_batch}")
     states, goals = [], []
     for key, g in results.items():
         if g["world"] > 1:
@@ -194,10 +191,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         | {"vs FSDP": H.paired_ratio(times["fsdp"], t)}
         for s, t in times.items()
     ]
-    H.table(
-        rows,
-        f"Throughput at 4 ranks, GPT 4x256 ctx 128, micro-batch {args.micro_batch}, {args.dtype}; {args.rounds} rounds",
-    )
+    H.table(rows, f"Throughput at 4 ranks, GPT 4x256 ctx 128, micro-batch {args.micro_batch}, {args.dtype}")
     return {"rows": rows, "times_s_per_step": times}
 
 

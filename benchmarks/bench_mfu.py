@@ -153,11 +153,7 @@ def measured_peaks(dtype: str, barrier: bool = False) -> tuple[list[float], Call
 
 def fit_runner(trainer: Any, into: dict[str, list[Any]], name: str) -> Callable[[int], None]:
     """``fit_for`` the trainer, keeping its results in ``into[name]``."""
-
-    def run(n: int) -> None:
-        into.setdefault(name, []).append(H.fit_for(trainer, n))
-
-    return run
+    return lambda n: into.setdefault(name, []).append(H.fit_for(trainer, n))
 
 
 # -- where the step goes --------------------------------------------------------------------------------
@@ -232,12 +228,8 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
         | {"1st step +s": first_s[n] - H.median(t), "first loss": first[n][0].losses[0] if n in first else "-"}
         for n, t in times.items()
     ]
-    H.table(
-        rows,
-        f"Part 1: 1 process x 1 thread, default GPT, micro-batch 8, {args.dtype}; matmul peak {H.median(peaks):.3f} "
-        "TFLOP/s (measured after each round; MFU = median over rounds against it); ratio = paired median of as-is / "
-        "variant step times; 'all three' = the code before cbd42a5; 1st step +s = first - median step (compile)",
-    )
+    peak = f"matmul peak {H.median(peaks):.3f} TFLOP/s; ratio: as is / variant; 1st step +s: first - median step"
+    H.table(rows, f"Part 1: 1 process x 1 thread, default GPT, micro-batch 8, {args.dtype}; {peak}")
     profiles = {
         n: profile_steps(trainers[n], args.profile_steps) for n in ("as is", "compile: blocks") if n in trainers
     }
@@ -279,12 +271,8 @@ def two_ranks(args: argparse.Namespace) -> dict[str, Any]:
         | {"MFU vs start-up peak": flops / H.median(t) / (start_peak * 1e12), "speed": H.paired_ratio(times["ddp"], t)}
         for n, t in times.items()
     ]
-    H.table(
-        rows,
-        f"\nPart 2: default job, DDP x 2 ranks x 1 thread, global batch 16, {args.dtype}; per-rank peak "
-        f"{H.median(peaks):.3f} TFLOP/s measured after each round while both ranks run (the Trainer's start-up "
-        f"figure: {start_peak:.3f})",
-    )
+    peak = f"per-rank peak {H.median(peaks):.3f} TFLOP/s after each round (at start-up: {start_peak:.3f})"
+    H.table(rows, f"\nPart 2: default job, DDP x 2 ranks x 1 thread, global batch 16, {args.dtype}; {peak}")
     print(f"MFU, the default 2-rank DDP job (the Trainer's way): {rows[0]['MFU vs start-up peak']:.1%}")
     return {"rows": rows, "peaks": peaks, "trainer_start_up_peak": start_peak, "times_s_per_step": times}
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks import harness as H
 from disttrain.testing.launch import DISTTRAIN, child_env, pids_mentioning
 from disttrain.testing.netns import Host, two_hosts, why_not
@@ -100,32 +102,13 @@ def launch(a: Host, b: Host, args: list[str], port: int, logs: Path) -> list[sub
     return procs
 
 
-def finish(procs: list[subprocess.Popen[str]], hosts: tuple[Host, Host], timeout: float) -> list[int]:
-    try:
-        return [p.wait(timeout=timeout) for p in procs]
-    except subprocess.TimeoutExpired:
-        for h in hosts:
-            h.kill_all()
-        for p in procs:
-            p.wait(timeout=30)
-        raise
-
-
-def bytes_at(samples: list[tuple[float, int]], t: float) -> float:
-    """Counter value at time ``t``, linear between the two samples around it."""
-    for (t0, b0), (t1, b1) in itertools.pairwise(samples):
-        if t0 <= t <= t1:
-            return b0 + (b1 - b0) * (t - t0) / max(t1 - t0, 1e-9)
-    raise RuntimeError(f"no counter samples around {t}")
-
-
 def measure(a: Host, b: Host, tmp: Path, data: Path, strategy: str, steps: int, port: int) -> dict[str, Any]:
     name = f"{strategy}-{port}"
     run, trace = tmp / name, tmp / f"{name}.veth"
     sampler = subprocess.Popen(a.cmd(sys.executable, "-c", SAMPLER, a.veth, str(trace)))
-    t0 = time.monotonic()
+    t0, args = time.monotonic(), job_args(data, tmp, name, strategy, steps)
     try:
-        codes = finish(launch(a, b, job_args(data, tmp, name, strategy, steps), port, tmp / name), (a, b), 900)
+        codes = [p.wait(timeout=900) for p in launch(a, b, args, port, tmp / name)]
     finally:
         sampler.kill()
         sampler.wait()
@@ -134,8 +117,8 @@ def measure(a: Host, b: Host, tmp: Path, data: Path, strategy: str, steps: int, 
         raise SystemExit(f"{strategy} job failed (exit codes {codes}):\n" + "\n---\n".join(err))
     when = {r["step"]: r["time"] for r in H.records(run / "metrics.jsonl") if "loss" in r}
     first, last = WARMUP, max(when)
-    samples = [(float(t), int(tx) + int(rx)) for t, tx, rx in (x.split() for x in trace.read_text().splitlines())]
-    moved = bytes_at(samples, when[last]) - bytes_at(samples, when[first])
+    t, tx, rx = np.loadtxt(trace, ndmin=2).T  # the counters between samples: linear
+    moved = float(np.interp(when[last], t, tx + rx) - np.interp(when[first], t, tx + rx))
     plan = json.loads((run / "strategy.json").read_text())
     return {"strategy": strategy, "resolved": plan["strategy"], "n_params": plan["plan"]["n_params"]} | {
         "tokens_per_s": 16 * 64 * (last - first) / (when[last] - when[first]),
@@ -150,17 +133,11 @@ def death_to_error(tmp: Path, data: Path, port: int) -> dict[str, Any]:
     extra = ("--parallel.timeout-s", "20", "--checkpoint.interval", "4")
     args = job_args(data, tmp, name, "hsdp", 1000, *extra)
     with two_hosts() as (a, b):
-        procs = launch(a, b, args, port, tmp / name)
-        try:
-            metrics = tmp / name / "metrics.jsonl"
-            H.wait_for("step 6", lambda: metrics.is_file() and '"step": 6,' in metrics.read_text(), procs, 300)
-        except Exception:
-            for h in (a, b):
-                h.kill_all()
-            raise
+        procs, metrics = launch(a, b, args, port, tmp / name), tmp / name / "metrics.jsonl"
+        H.wait_for("step 6", lambda: metrics.is_file() and '"step": 6,' in metrics.read_text(), procs, 300)
         b.kill_all()  # host B is gone: its launcher and its workers
         died = time.monotonic()
-        code = finish(procs[:1], (a, b), 300)[0]
+        code = procs[0].wait(timeout=300)
         took = time.monotonic() - died
         procs[1].wait(timeout=30)
     err = (tmp / f"{name}.{a.ns}.err").read_text()
@@ -223,11 +200,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, death: dict[str
         for s, m in med.items()
     ]
     n_params = runs[0]["n_params"]
-    H.table(
-        rows,
-        f"2 hosts x 2 ranks, link {args.rate} each way; GPT {n_params:,} params = {n_params * 4 / 1e6:.2f} MB fp32; "
-        f"global batch 16 x 64 tokens; steps {WARMUP}-{args.steps} of {args.steps}, median of {args.rounds}",
-    )
+    model = f"GPT {n_params:,} params = {n_params * 4 / 1e6:.2f} MB fp32, global batch 16 x 64 tokens"
+    H.table(rows, f"2 hosts x 2 ranks, link {args.rate} each way; {model}; steps {WARMUP}-{args.steps}")
     print(THEORY, flush=True)
     if death is not None:
         print(f"node death -> error on host A: {death['seconds']:.1f} s, exit code {death['exit_code']}, ", end="")

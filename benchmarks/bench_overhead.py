@@ -157,13 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"launch {i + 1}/{args.launches} ...", flush=True)
         launches.append(H.ranks(args.nproc, __file__, args.argv)[0])
     rows = [strategy_row(s, [launch[s] for launch in launches]) for s in launches[0]]
-    H.table(
-        rows,
-        f"Trainer vs plain PyTorch loop: {args.nproc} ranks, GPT {args.layers}x{args.width} ctx {args.context}, "
-        f"micro-batch {args.micro_batch}, {args.dtype}, model {args.model}; ratio = disttrain throughput / plain: "
-        f"median over {args.launches} launches of the paired median of {args.rounds} rounds x "
-        f"{args.steps_per_block} steps",
-    )
+    model = f"{args.model} {args.layers}x{args.width} ctx {args.context}, micro-batch {args.micro_batch}, {args.dtype}"
+    H.table(rows, f"Trainer vs plain PyTorch loop: {args.nproc} ranks, {model}; median of {args.launches} launches")
     goals = [GOAL.check(r["ratio"]) for r in rows]
     name = "bench_overhead" if args.model == "gpt" else f"bench_overhead_{args.model.replace('-', '_')}"
     return {"name": name, "rows": rows, "goals": goals, "times_s_per_step": launches}

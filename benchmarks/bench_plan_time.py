@@ -125,11 +125,9 @@ def print_group(g: dict[str, Any]) -> None:
     ]
     H.table(table, f"\n{g['model']} x {g['nproc']} ranks (auto recommends {g['recommendation']})")
     ranking = g["predicted_ranking"]
-    print(f"ranking matches: {ranking == g['measured_ranking']} (predicted {' < '.join(ranking)}); beyond the plan's")
-    print(
-        f"ties (<= {NEAR_BEST:.0%} apart): {g['ranking_matches_beyond_ties']}; pairs more than {TIE:.0%} apart", end=""
-    )
-    print(f" that the plan orders the other way: {', '.join(g['misordered_pairs']) or 'none'}")
+    print(f"ranking matches: {ranking == g['measured_ranking']} (predicted {' < '.join(ranking)})")
+    print(f"ranking matches beyond the plan's ties (<= {NEAR_BEST:.0%} apart): {g['ranking_matches_beyond_ties']}")
+    print(f"pairs > {TIE:.0%} apart that the plan orders the other way: {', '.join(g['misordered_pairs']) or 'none'}")
     print(f"chosen grouping vs one block per unit: {g['grouping_speedup']:.2f}x")
 
 

@@ -353,9 +353,7 @@ def atari_part(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         keys = {"agent steps": "env_steps", "updates": "updates", "loop s": "wall_s", "frames/s": "frames_per_s"}
         rows.append({"system": name, **{k: r.get(v, "") for k, v in keys.items()}})
         rows[-1]["trained frames/s"] = r.get("trained_frames_per_s", math.nan)
-    H.table(
-        rows, "(c) Atari ALE/Pong-v5 frames/s (trained: frames the updates have caught up with, 8 samples per step)"
-    )
+    H.table(rows, "(c) Atari ALE/Pong-v5 frames/s (trained: frames the updates have caught up with)")
     ratio = rows[1]["trained frames/s"] / rows[0]["trained frames/s"]
     return {"disttrain": dt, "baseline": base, "goals": [GOALS["atari"].check(ratio)]}
 

@@ -53,11 +53,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     names = {"tutorial": f"tutorial FSDP2 ({args.dtype})", "disttrain": f"disttrain defaults ({first['strategy']})"}
     rows = [{"variant": names[k], "ms/step": ms[k], "MFU": f"{mfu[k]:.1%}"} for k in names]
     rows[1] |= {"tokens/s ratio": H.median(per_launch), "per launch": " ".join(f"{r:.2f}" for r in per_launch)}
-    H.table(
-        rows,
-        f"disttrain defaults vs a tutorial FSDP2 loop: {args.nproc} ranks, GPT {args.layers}x{args.width} "
-        f"ctx {args.context}, micro-batch {args.micro_batch}; median of {args.launches} launches",
-    )
+    model = f"GPT {args.layers}x{args.width} ctx {args.context}, micro-batch {args.micro_batch}"
+    H.table(rows, f"disttrain defaults vs a tutorial FSDP2 loop: {args.nproc} ranks, {model}; {args.launches} launches")
     ceiling = 1.0 / mfu["tutorial"]
     print(f"disttrain chose: {first['strategy']} — {first['reason']}")
     print(f"MFU against the {args.dtype} matmul peak measured on each rank with both busy: {peak:.3f} TFLOP/s")

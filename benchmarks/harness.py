@@ -39,15 +39,12 @@ Option = tuple[Any, ...]
 
 # -- where we are -------------------------------------------------------------------------------------
 def machine() -> dict[str, Any]:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
+    cpuinfo = Path("/proc/cpuinfo")
     return {
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
-        "amx": "amx_bf16" in flags,
+        "amx": cpuinfo.exists() and "amx_bf16" in cpuinfo.read_text(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_avg_1m": os.getloadavg()[0],
@@ -485,14 +482,12 @@ def table(rows: Sequence[Mapping[str, Any]], title: str = "") -> None:
     headers = list(dict.fromkeys(k for row in rows for k in row))
     cells = [[_fmt(row.get(h, "")) for h in headers] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(cs: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cs, widths, strict=True)))
+
     lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    lines.append("  ".join("-" * w for w in widths))
-    for row in cells:
-        lines.append(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        )
-    print("\n".join(lines), flush=True)
+    print("\n".join([*lines, line(headers), "  ".join("-" * w for w in widths), *map(line, cells)]), flush=True)
 
 
 def _fmt(v: Any) -> str:

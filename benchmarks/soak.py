@@ -286,11 +286,8 @@ class Driver:
             out.note = f"{out.extra['truncated']} cut; resumed from {out.resumed_from}" + ("" if fell_back else " (!)")
 
     def restarts_after(self, out: Outcome) -> list[dict[str, Any]]:
-        return [
-            e
-            for e in self.events.poll()
-            if e["event"] == "restart" and e["attempt"] > out.attempt and e["time"] > out.fault_time
-        ]
+        restarts = [e for e in self.events.poll() if e["event"] == "restart" and e["attempt"] > out.attempt]
+        return [e for e in restarts if e["time"] > out.fault_time]
 
 
 def fill(path: Path, slack: int) -> None:
@@ -336,16 +333,9 @@ def draw(seed: int, steps: int, n: int, interval: int) -> list[Planned]:
 
 
 def job(args: argparse.Namespace, data: Path, root: Path, name: str, *extra: str) -> list[str]:
-    return [
-        str(DISTTRAIN),
-        *tiny_cli_args(
-            data,
-            args.steps,
-            *("--run.root", str(root), "--run.name", name, "--parallel.strategy", "fsdp"),
-            *("--checkpoint.interval", str(args.interval), "--launch.max-restarts", str(2 * args.faults + 2)),
-            *("--health.heartbeat-s", "0.5", "--health.hang-timeout-s", "5", *extra),
-        ),
-    ]
+    opts = f"--run.root {root} --run.name {name} --parallel.strategy fsdp --checkpoint.interval {args.interval}"
+    opts += f" --launch.max-restarts {2 * args.faults + 2} --health.heartbeat-s 0.5 --health.hang-timeout-s 5"
+    return [str(DISTTRAIN), *tiny_cli_args(data, args.steps, *opts.split(), *extra)]
 
 
 def environment(plan: list[Planned], state: Path | None) -> dict[str, str]:
@@ -479,9 +469,7 @@ def report(plan: list[Planned], result: dict[str, Any], ref_wall: float, cmp: di
         | {"named": o.named, "note": o.note}
         for i, o in enumerate(outcomes)
     ]
-    H.table(
-        rows, "faults, and the seconds from each to the next step logged (after the restart, if it ended the attempt)"
-    )
+    H.table(rows, "faults, and the seconds from each to the next step logged (after the restart, if one)")
     survived = [o for o in outcomes if o.survived]
     restarting = [o for o in survived if o.planned.kind in RESTARTING]
     stopping = [o.seconds for o in restarting if o.seconds is not None]
