@@ -296,13 +296,11 @@ def report_steps(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[
     cpu = [[sum(r["steps"]["cpu_s_per_block"][v][i] for r in ranks) for i in range(len(plain))] for v in (0, 1)]
     per_save = [(c - p) / len(ranks) * 1e3 for p, c in zip(*cpu, strict=True)]
     lo, hi = H.spread([c / p - 1 for c, p in zip(ckpt, plain, strict=True)])
+    in_save = H.median([b / (p * args.interval) for b, p in zip(blocked, plain, strict=True)])
     rows: list[dict[str, Any]] = [
         {"variant": plain_name, "ms/step": H.median(plain) * 1e3},
         {"variant": ckpt_name, "ms/step": H.median(ckpt) * 1e3, "overhead": H.paired_ratio(ckpt, plain) - 1},
-        {
-            "variant": "  of which the loop blocked in save()",
-            "overhead": H.median([b / (p * args.interval) for b, p in zip(blocked, plain, strict=True)]),
-        },
+        {"variant": "  of which the loop blocked in save()", "overhead": in_save},
         {"variant": "  CPU time of the ranks (all threads)", "overhead": H.paired_ratio(cpu[1], cpu[0]) - 1},
         {"variant": "  CPU of a save, per rank", "ms per save": H.median(per_save)},
     ]

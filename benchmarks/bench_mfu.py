@@ -230,9 +230,8 @@ def single_process(args: argparse.Namespace) -> dict[str, Any]:
     ]
     peak = f"matmul peak {H.median(peaks):.3f} TFLOP/s; ratio: as is / variant; 1st step +s: first - median step"
     H.table(rows, f"Part 1: 1 process x 1 thread, default GPT, micro-batch 8, {args.dtype}; {peak}")
-    profiles = {
-        n: profile_steps(trainers[n], args.profile_steps) for n in ("as is", "compile: blocks") if n in trainers
-    }
+    shown = [n for n in ("as is", "compile: blocks") if n in trainers]
+    profiles = {n: profile_steps(trainers[n], args.profile_steps) for n in shown}
     mfu = {r["variant"]: r["MFU"] for r in rows}
     print(f"MFU ceiling, the GEMMs alone: {mfu['GEMMs only']:.1%}")
     out = {"dtype": args.dtype, "peaks": peaks, "flops_per_step": flops, "rows": rows, "profiles": profiles}
@@ -247,18 +246,12 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     nosync.model.sync = lambda enabled: nosync.model.module.no_sync()
     results: dict[str, list[Any]] = {}
     peaks, measure = measured_peaks(args.dtype, barrier=True)
-    times = H.interleave(
-        {n: fit_runner(t, results, n) for n, t in trainers.items()},
-        steps_per_block=1,
-        rounds=args.rounds_2rank,
-        warmup=args.warmup,
-        before_block=dist.barrier,
-        between_rounds=measure,
-    )
+    runners = {n: fit_runner(t, results, n) for n, t in trainers.items()}
+    blocks = {"steps_per_block": 1, "rounds": args.rounds_2rank, "warmup": args.warmup}
+    times = H.interleave(runners, **blocks, before_block=dist.barrier, between_rounds=measure)
     flops = trainers["ddp"].flops_per_sample * 8
-    return {"times": times, "peaks": peaks, "trainer_peak": trainers["ddp"].peak, "flops_per_step_per_rank": flops} | {
-        "mfu_reported": {n: r[-1].mfu for n, r in results.items()}
-    }
+    out = {"times": times, "peaks": peaks, "trainer_peak": trainers["ddp"].peak, "flops_per_step_per_rank": flops}
+    return out | {"mfu_reported": {n: r[-1].mfu for n, r in results.items()}}
 
 
 def two_ranks(args: argparse.Namespace) -> dict[str, Any]:

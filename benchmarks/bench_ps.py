@@ -169,11 +169,8 @@ def rpc_worker(i: int, out: str, port: int, calls: int) -> None:
         local = [sh.split(torch.unique(b.ids[:, k]))[0][1] for k, sh in enumerate(shardings)]
         rows, counts = torch.cat(local), [len(r) for r in local]
         calls_of = {"empty": (nothing,), "pull": (server.pull_many, names, rows, counts)}
-        result: dict[str, Any] = H.side_by_side(
-            {k: H.per_call(functools.partial(transport.call, "server0", *c)) for k, c in calls_of.items()},
-            calls,
-            warmup=calls // 10,
-        )
+        timed = {k: H.per_call(functools.partial(transport.call, "server0", *c)) for k, c in calls_of.items()}
+        result: dict[str, Any] = H.side_by_side(timed, calls, warmup=calls // 10)
         result |= {"rows": len(rows), "bytes": len(rows) * (8 + ps.dim * 4)}
         (Path(out) / "0.json").write_text(json.dumps(result))
     transport.shutdown()

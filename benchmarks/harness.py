@@ -192,12 +192,9 @@ def side_by_side(
     warmup: int = 0,
     between_rounds: Callable[[int], None] | None = None,
 ) -> dict[str, list[T]]:
-    """What each variant returns in each of ``rounds`` rounds, after ``warmup`` untimed calls of each.
-
-    Round r runs the variants rotated by r (A B C, B C A, C A B, ...): each takes every position equally often,
-    and with three or more none runs twice in a row across a round boundary (one that does runs its second
-    block on warm caches, a few % faster). With two it is A B, B A: both get that equally.
-    """
+    """What each variant returns in each of ``rounds`` rounds, after ``warmup`` untimed calls of each. Round r runs
+    the variants rotated by r (A B C, B C A, C A B, ...): each takes every position equally often, and with three or
+    more none runs twice in a row across a round boundary (benchmarks/README.md, "How they measure")."""
     for _ in range(warmup):
         for call in variants.values():
             call()
