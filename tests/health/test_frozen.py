@@ -37,7 +37,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_text: Path) -> dic
     return losses_by_step(root / "ref")
 
 
-@pytest.mark.parametrize("rank", [0])  # rank 1 frozen: benchmarks/soak.py (its watchdog or the launcher names it)
+@pytest.mark.parametrize("rank", [0])  # rank 1 frozen: scripts/soak.py (its watchdog or the launcher names it)
 def test_a_frozen_rank_is_named_from_outside_and_the_job_resumes_exactly(
     rank: int, reference: dict[int, float], tmp_path: Path, small_text: Path
 ) -> None:

@@ -221,7 +221,7 @@ def test_no_rank_waits_for_the_stacks_of_a_rank_the_launcher_named_frozen(
 ) -> None:
     """After its own hang verdict rank 0 waits (bounded) for every rank to dump its stacks; a stopped rank never
     will. Once the launcher's watch has named it frozen (read its stacks from outside, ended it), rank 0 leaves
-    at once instead of after 3 heartbeats + 5 s (found by benchmarks/soak.py: 7 s more per such restart)."""
+    at once instead of after 3 heartbeats + 5 s (found by scripts/soak.py: 7 s more per such restart)."""
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     mon = HealthMonitor(HealthConfig(hang_timeout_s=3.0, heartbeat_s=0.25), 0, 3, tmp_path, 600.0)
     mon._store = torch.distributed.HashStore()

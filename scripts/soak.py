@@ -5,7 +5,10 @@ The job: the tiny GPT, 2 ranks, FSDP, fp32, a checkpoint every ``--interval`` st
 (mounted here: root), heartbeats every 0.5 s, a hang timeout of 5 s. The faults (:data:`KINDS`; what each tests:
 docs/fault-tolerance.md), one at a time, every kind once when there are five or more, any rank, from outside or
 injected. The checks: losses bitwise equal but the skipped NaN steps, every kept checkpoint verifies and equals the
-uninterrupted run's, nothing temporary left behind; per fault, the seconds to training again. Needs root.
+uninterrupted run's, nothing temporary left behind; per fault, the seconds to training again. Needs root; not a
+speed benchmark (so not in benchmarks/), but it runs through their harness, from the repository root:
+
+    .venv/bin/python -m scripts.soak [--seed 1] [--steps 300] [--faults 12] [--keep] [--quick]  # as root
 """
 
 from __future__ import annotations
