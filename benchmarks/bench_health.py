@@ -117,7 +117,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     env, data = H.init_ranks(), H.text(128)
     health = {"none": {"enabled": False}, "hooks": {"enabled": False}, "on": {}, "on-0.1s": {"heartbeat_s": 0.1}}
-    trainers, sections = {}, {"parallel": {"strategy": "ddp"}, "precision": {"dtype": args.dtype}}
+    sections: dict[str, Any] = {"parallel": {"strategy": "ddp"}, "precision": {"dtype": args.dtype}}
+    trainers = {}
     for name, settings in health.items():
         cfg = H.job(H.gpt(4, 256, 4, 128), world=env.world_size, steps=10_000, health=settings, **sections)
         model = GPT(GPTConfig(data.tokenizer.vocab_size, 4, 256, 4, 128), seed=1)  # the same GPT in every variant
