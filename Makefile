@@ -37,11 +37,13 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy
 
 # The whole suite (what CI runs), then seconds per test file, slowest first: a slower suite shows which file grew.
-# Test files run side by side on TEST_WORKERS pytest-xdist workers (one per core, at most 4; a file's tests stay
-# together on one); TEST_WORKERS=0 runs them in this process, one after another.
+# Test files run side by side on TEST_WORKERS pytest-xdist workers (one per core, at most 4). --dist loadfile
+# keeps a file's tests together on one worker, so its module fixtures (one launch for many scenarios) run once
+# (pytest 9 ignores the nodeid rewrite behind --dist loadgroup, which then spreads a file's tests over workers and
+# runs its fixtures on each); TEST_WORKERS=0 runs them in this process, one after another.
 RESULTS := .test-results.xml
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 test: lint
 	$(BIN)/pytest $(XDIST) --junitxml=$(RESULTS) $(PYTEST_ARGS); status=$$?; \
 	$(BIN)/python scripts/test_tables.py files $(RESULTS) --top 25; exit $$status

@@ -113,11 +113,12 @@ def assert_resumes_exactly(data: Path, tmp_path: Path, want: dict[int, float]) -
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``-n N --dist loadgroup``) a test file's tests stay on one worker,
-    together: its module fixtures (one launch for many scenarios) run once, as in a serial run."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """This machine's figures are measured here, once, before any test (and before pytest-xdist starts its
+    workers): in no test's time, outside every timeout (a first test under load once spent its 30 s measuring
+    the machine, and its failure was every test's on that worker). The workers only read them."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        measured_machine(_shared_tmp(session.config._tmp_path_factory))  # type: ignore[attr-defined]
 
 
 def _shared_tmp(factory: pytest.TempPathFactory) -> Path:
@@ -147,8 +148,9 @@ def _machine_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 @functools.cache
 def measured_machine(shared: Path) -> str:
     """This machine's figures, measured once per session (what a plan measures on a machine with none,
-    :func:`disttrain.jobs.doctor.measure_machine`) by the first worker to get here, the others reading them
-    (every worker plans with the same figures): machine.json's text, or '' when the measurement failed."""
+    :func:`disttrain.jobs.doctor.measure_machine`) by the first process to get here (:func:`pytest_sessionstart`),
+    the others reading them (every worker plans with the same figures): machine.json's text, or '' when the
+    measurement failed."""
     seed = shared / "measured-machine"
     with open(shared / "measured-machine.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -192,7 +192,9 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
     """Two hosts joined by a 20 Mbit/s link (tc), each in its own PID namespace (else TensorPipe copies tensors
     between them in memory): doctor checks the rendezvous, the clocks and the links within minutes, and caches
     the RPC link and that both "nodes" share one machine; `ps --plan` for 2 nodes predicts, from it, the
-    samples/s the ps job then reaches over it."""
+    samples/s the ps job then reaches over it. The plan predicts for nodes whose cores the job has (its CPU is
+    timed on the CPU clock), so the job runs ahead of whatever else this machine runs (real-time priority): on a
+    busy machine it would otherwise measure the other work's share of the cores, not the plan."""
     from disttrain.jobs.ps_plan import ERROR
 
     caches = [tmp_path / "cache-a", tmp_path / "cache-b"]
@@ -204,7 +206,14 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
         nodes = ["--launch.nnodes", "2", "--launch.rdzv-endpoint", f"{a.addr}:{PORT}"]
         ra, rb = finish(
             [
-                h.disttrain("doctor", *nodes, "--launch.node-rank", str(r), env={"DISTTRAIN_CACHE_DIR": str(caches[r])})
+                h.disttrain(
+                    "doctor",
+                    *nodes,
+                    "--launch.node-rank",
+                    str(r),
+                    env={"DISTTRAIN_CACHE_DIR": str(caches[r])},
+                    ahead=True,
+                )
                 for r, h in enumerate((a, b))
             ],
             timeout=200,
@@ -219,7 +228,7 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
         assert 1.2 < rate < 2.6 and "MB/s one way" in lines["rpc"], lines["rpc"]  # 20 Mbit/s is 2.5 MB/s
         env = {"DISTTRAIN_CACHE_DIR": str(caches[0])}
         plan = subprocess.run(
-            a.cmd(str(DISTTRAIN), *job, "--plan", "--launch.nnodes", "2"),
+            a.cmd(str(DISTTRAIN), *job, "--plan", "--launch.nnodes", "2", ahead=True),
             env={**os.environ, **env},
             capture_output=True,
             text=True,
@@ -235,7 +244,9 @@ def test_doctor_across_a_slow_link_measures_it_and_ps_plan_predicts_the_ps_job_o
         )
         assert "2 nodes sharing this machine's" in speed, plan.stdout  # one boot id at both ends: one machine's cores
         predicted = float(speed.split("~")[1].split()[0].replace(",", ""))
-        runs = finish([h.disttrain(*job, *nodes, "--launch.node-rank", str(r)) for r, h in enumerate((a, b))])
+        runs = finish(
+            [h.disttrain(*job, *nodes, "--launch.node-rank", str(r), ahead=True) for r, h in enumerate((a, b))]
+        )
     assert all(r.returncode == 0 for r in runs), runs[0].stdout + runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
     recs = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     measured = statistics.median([r["samples_per_s"] for r in recs if "samples_per_s" in r][10:])
