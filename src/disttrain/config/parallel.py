@@ -28,6 +28,25 @@ class ParallelConfig:
     tp: int = 1
     """Tensor parallel degree: each layer's matmuls split over this many ranks (the innermost mesh dimension,
     within a node); the data-parallel strategy then spans world size / tp ranks. Must divide the world size."""
+    pp: int = 1
+    """Pipeline stages: the model's blocks split over this many ranks (the outermost mesh dimension, the one to
+    put across nodes: only the activations at a stage's edges cross it); the data-parallel strategy then spans
+    world size / (pp x tp) ranks. Must divide the world size."""
+    pp_schedule: Literal[
+        "auto", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev"
+    ] = "auto"
+    """The pipeline schedule (torch.distributed.pipelining's): gpipe (every forward, then every backward), 1f1b,
+    or one with several stages per rank (interleaved-1f1b, looped-bfs, interleaved-zb; zbv and dualpipev: two in
+    a V); auto: 1f1b, or interleaved-1f1b with pp_stages_per_rank > 1."""
+    pp_microbatches: int = 0
+    """Pieces each micro-batch is cut into on its way through the pipeline (more: a smaller bubble, smaller
+    messages); 0: auto, 2 x the stages where train.micro_batch divides so. Must divide train.micro_batch."""
+    pp_stages_per_rank: int = 0
+    """Stages each pipeline rank holds (virtual stages, for the interleaved and V schedules); 0: the
+    schedule's own (1, or 2 for the multi-stage ones)."""
+    pp_split: str = ""
+    """The block indices where stages 1, 2, ... begin, e.g. '3,6' (empty: balanced by the blocks' cost, the
+    embeddings counted in the first stage and the head in the last)."""
     sequence_parallel: bool = True
     """With tp > 1, for plans that split the norms (the built-in GPT's): the norms run on sequence shards and the
     activations between the matmuls are split over the sequence (reduce-scatter + all-gather instead of one
@@ -84,6 +103,9 @@ class ParallelConfig:
             v = getattr(self, key)
             check(v == -1 or v >= 1, f"parallel.{key} must be >= 1, or -1 for the rest; got {v}")
         check(self.tp >= 1, f"parallel.tp must be >= 1 (1 = no tensor parallelism), got {self.tp}")
+        check(self.pp >= 1, f"parallel.pp must be >= 1 (1 = no pipeline), got {self.pp}")
+        for key in ("pp_microbatches", "pp_stages_per_rank"):
+            check(getattr(self, key) >= 0, f"parallel.{key} must be >= 0 (0 = auto), got {getattr(self, key)}")
         check(
             0 <= self.memory_headroom < 1,
             f"parallel.memory_headroom must be in [0, 1), got {self.memory_headroom}; 0.1 keeps 10% free",

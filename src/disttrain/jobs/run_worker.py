@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from disttrain.build import build_data, build_for_training, build_model, vocab_size
@@ -55,9 +56,17 @@ def full_model_for_sampling(trainer: Trainer, cfg: JobConfig, vocab: int) -> nn.
     """A plain, unsharded copy of the model on rank 0 (collective: every rank must call it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    if not trainer.dims.fsdp_enabled and not trainer.dims.tp_enabled:  # every rank holds the whole model
+    dims = trainer.dims
+    if not dims.fsdp_enabled and not dims.tp_enabled and not dims.pp_enabled:  # every rank holds the whole model
         return trainer.model.inner if trainer.env.is_main else None
-    sd = get_model_state_dict(trainer.model.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # (cpu_offload keeps the full tensors on global rank 0 only; each pipeline rank needs its stages' own)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not dims.pp_enabled)
+    sd = get_model_state_dict(trainer.model.module, options=options)
+    if dims.pp_enabled:  # each stage's part, gathered along the pipeline (rank 0's holds the first stage)
+        sd = {k: v.cpu() for k, v in sd.items() if isinstance(v, torch.Tensor)}
+        parts: list[dict[str, torch.Tensor] | None] = [None] * dims.pp
+        dist.all_gather_object(parts, sd, group=dims.pp_mesh(trainer.env.device.type).get_group())
+        sd = {k: v for part in parts if part for k, v in part.items()}
     if not trainer.env.is_main:
         return None
     plain = build_model(cfg, vocab, on_meta=False)
@@ -73,7 +82,8 @@ def build_trainer(job: ResolvedJob, env: DistEnv, run_dir: Path) -> tuple[Traine
         log.info("elastic membership %d x %d (planned %d x %d)", resolved.nnodes, resolved.nproc, job.nnodes, job.nproc)
     cfg = resolved.config
     train, val, text = build_data(cfg)
-    shards = strategies.get(resolved.strategy).shards_parameters or cfg.parallel.tp > 1  # TP splits them too
+    # TP splits the parameters too, and a pipeline rank keeps only its stages' (each built on the meta device)
+    shards = strategies.get(resolved.strategy).shards_parameters or cfg.parallel.tp > 1 or cfg.parallel.pp > 1
     model = build_for_training(cfg, vocab_size(train, text), shards, env.local_world_size)
     if env.is_main:
         save_hf_config(model, run_dir)  # what `ckpt export --format hf` writes beside the weights

@@ -156,14 +156,18 @@ class GPT(nn.Module):
             tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids -> logits; a pipeline stage without the embeddings takes hidden states instead, and one
+        without the head returns them (:mod:`disttrain.parallel.pipeline` cuts the model so)."""
         t = idx.shape[1]
         if t > self.cfg.context:
             raise ValueError(f"sequence length {t} exceeds the model's context {self.cfg.context}")
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        x = idx
+        if self.tok_emb is not None:
+            pos = torch.arange(t, device=idx.device)
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        return x if self.head is None else self.head(self.ln_f(x))
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token: 6 x matmul params + attention (12 x layers x width x context)."""

@@ -3,14 +3,27 @@ arithmetic, no FSDP import, so the memory plan can ask it in a launcher that nev
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from torch import nn
 
 from disttrain.errors import ConfigError
 
 
+class StageBlocks(nn.ModuleDict):
+    """The blocks a pipeline stage keeps, keyed by their index in the whole model (so their parameters keep
+    their names); iterated like the ModuleList they came from: the blocks, in order."""
+
+    def __iter__(self) -> Iterator[nn.Module]:  # type: ignore[override]
+        return iter(self.values())
+
+
 def find_blocks(model: nn.Module, spec: str = "auto") -> list[nn.Module]:
     """The modules to shard as units: 'auto' = the largest ModuleList, a class name, or a ModuleList path."""
     if spec == "auto":
+        stage = [m for m in model.modules() if isinstance(m, StageBlocks)]
+        if stage:  # a pipeline stage's blocks, however few
+            return [b for b in stage[0] if any(True for _ in b.parameters())]
         lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) > 1]
         if not lists:
             return []
@@ -21,7 +34,7 @@ def find_blocks(model: nn.Module, spec: str = "auto") -> list[nn.Module]:
             target = model.get_submodule(spec)
         except AttributeError:
             target = None
-        if isinstance(target, (nn.ModuleList, nn.Sequential)):
+        if isinstance(target, (nn.ModuleList, nn.Sequential, StageBlocks)):
             return list(target)
     by_class = [m for m in model.modules() if type(m).__name__ == spec]
     if not by_class:

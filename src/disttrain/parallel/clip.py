@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -26,8 +27,9 @@ def _groups(grads: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float) -> float:
-    """Clip every gradient by ``max_norm / global norm`` when above it (0 = just measure); the global L2 norm."""
+def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, across: dist.ProcessGroup | None = None) -> float:
+    """Clip every gradient by ``max_norm / global norm`` when above it (0 = just measure); the global L2 norm.
+    ``across``: the ranks that hold the other parts of the model (a pipeline's stages), whose squares count too."""
     grads = [p.grad for p in params if p.grad is not None]
     squares = 0.0
     groups = _groups(grads)
@@ -36,6 +38,11 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float) -> float:
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         squares += float(norm.double()) ** 2
+    if across is not None:
+        device = grads[0].device if grads else torch.device("cpu")  # (NCCL reduces on the GPU)
+        summed = torch.tensor([squares], dtype=torch.float64, device=device)
+        dist.all_reduce(summed, group=across)
+        squares = float(summed)
     total = math.sqrt(squares)
     if max_norm > 0:
         coef = max_norm / (total + 1e-6)  # torch's clip_grads_with_norm_

@@ -248,6 +248,17 @@ class ParallelDims:
         world = self.world_mesh(device_type)
         return world[("dp_replicate", "dp_shard_mod_ep")] if self.dp_replicate > 1 else world["dp_shard_mod_ep"]
 
+    def pp_mesh(self, device_type: str) -> DeviceMesh:
+        """The 1-D mesh of this rank's pipeline: the ranks holding the other stages of its model copy."""
+        mesh = self.get_mesh("pp", device_type)
+        if mesh is None:
+            raise ConfigError("the layout has no pipeline dimension (pp 1)")
+        return mesh
+
+    def pp_rank(self, rank: int) -> int:
+        """The pipeline position of global ``rank`` (``pp`` is the outermost dimension)."""
+        return rank // (self.world_size // self.pp)
+
     def tp_mesh(self, device_type: str) -> DeviceMesh:
         """The 1-D mesh of this rank's tensor-parallel group."""
         mesh = self.get_mesh("tp", device_type)
@@ -266,4 +277,14 @@ def check_tp(tp: int, world_size: int) -> None:
         raise ConfigError(
             f"parallel.tp ({tp}) must divide the world size ({world_size}); use one of {divisors(world_size)}, "
             f"or change --parallel.nproc to a multiple of {tp}"
+        )
+
+
+def check_pp(pp: int, ranks: int) -> None:
+    """``pp`` divides the ranks left after tensor parallelism, or a ConfigError naming both and the degrees
+    that would."""
+    if pp < 1 or ranks % pp:
+        raise ConfigError(
+            f"parallel.pp ({pp}) must divide the world size / tp ({ranks}): each pipeline stage runs on an equal "
+            f"share of the ranks; use one of {divisors(ranks)}, or change --parallel.nproc to a multiple of {pp}"
         )

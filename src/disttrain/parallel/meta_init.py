@@ -91,11 +91,11 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 def check_initialised(model: nn.Module) -> None:
     """Raise MetaDeviceError (on every rank alike) naming tensors that still hold NaN after initialisation."""
-    named = _checked(model)
-    flags = torch.tensor([bool(torch.isnan(_local(t)).any()) for _, t in named], dtype=torch.uint8)
-    if dist.is_initialized() and dist.get_world_size() > 1 and len(flags):
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # a shard with NaN on any rank: every rank stops
-    bad = [n for (n, _), f in zip(named, flags.tolist(), strict=True) if f]
+    bad = [n for n, t in _checked(model) if bool(torch.isnan(_local(t)).any())]
+    if dist.is_initialized() and dist.get_world_size() > 1:  # a shard with NaN on any rank: every rank stops
+        every: list[list[str] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, bad)  # (names, not flags: a pipeline's ranks hold different tensors)
+        bad = list(dict.fromkeys(n for names in every for n in names or []))
     if bad:
         more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
         raise MetaDeviceError(

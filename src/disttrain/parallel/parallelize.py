@@ -32,6 +32,8 @@ from disttrain.parallel.env import resolve_precision
 from disttrain.parallel.families import Family, family_of
 from disttrain.parallel.fsdp import find_blocks
 from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.pipeline_layout import PipelineLayout
+from disttrain.parallel.stages import cut_model
 from disttrain.parallel.strategies import Strategy, WrapSettings, dims_from_config, for_dims
 from disttrain.parallel.tp import apply_tp, loss_parallel
 
@@ -54,6 +56,10 @@ class Parallelized:
     """The model's family (:mod:`disttrain.parallel.families`)."""
     applied: tuple[str, ...] = ()
     """What the steps of :data:`ORDER` did, in order (the ones that did nothing left out)."""
+    stages: list[nn.Module] = field(default_factory=list)
+    """Under a pipeline (pp > 1): this rank's stage modules, parallelized, for
+    :func:`~disttrain.parallel.pipeline.build_pipeline` (``module`` holds their parameters, with their names)."""
+    pipeline_layout: PipelineLayout | None = None
 
     @property
     def strategy(self) -> str:
@@ -82,7 +88,11 @@ class Parallelized:
         return loss_parallel(self.vocab_parallel)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip to ``max_norm`` (0 = just measure) and return the global L2 norm of all gradients."""
+        """Clip to ``max_norm`` (0 = just measure) and return the global L2 norm of all gradients (under a
+        pipeline: over every stage's)."""
+        if self.dims.pp > 1:  # each rank holds some stages' gradients: the squares summed over the pipeline
+            group = self.dims.pp_mesh(self.device.type).get_group()
+            return clip_grad_norm_(self.module.parameters(), max_norm, group)
         if self.dims.tp > 1:  # parameters on several meshes (TP-split, replicated): a norm per mesh, combined
             return clip_grad_norm_(self.module.parameters(), max_norm)
         return self.impl.clip_grad_norm_(self.module, max_norm)
@@ -104,8 +114,11 @@ class _Job:
     device: torch.device
     family: Family
     tp_plan: str
+    pipeline: PipelineLayout | None = None
+    rank: int = 0
     blocks: list[nn.Module] = field(default_factory=list)
     vocab_parallel: bool = False
+    stages: list[nn.Module] = field(default_factory=list)
 
 
 Step = Callable[[nn.Module, _Job], "tuple[nn.Module, str | None]"]
@@ -113,7 +126,15 @@ Step = Callable[[nn.Module, _Job], "tuple[nn.Module, str | None]"]
 
 
 def _pipeline(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
-    return model, _not_yet(job.dims, "pp", "a pipeline split (torch.distributed.pipelining)")
+    if job.dims.pp == 1:
+        return model, None
+    if job.pipeline is None:
+        raise ConfigError(
+            f"the layout {job.dims.describe()} has pp {job.dims.pp}: parallelize needs its pipeline layout "
+            "(pipeline=plan_pipeline(...), what the Trainer passes)"
+        )
+    job.stages = cut_model(model, job.pipeline, job.dims.pp_rank(job.rank), job.family.name)
+    return model, job.pipeline.describe()
 
 
 def _tensor_parallel(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
@@ -150,7 +171,13 @@ def _data_parallel(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
             "parallel.offload keeps FSDP's shards in host memory; it needs strategy fsdp or hsdp, "
             f"not {job.dims.strategy!r}"
         )
-    wrapped = for_dims(job.dims).wrap(model, job.dims, WrapSettings(job.parallel, job.precision, job.device))
+    strategy, how = for_dims(job.dims), WrapSettings(job.parallel, job.precision, job.device)
+    if len(job.stages) > 1 and job.dims.fsdp_enabled:  # several stages per rank: each its own FSDP root
+        job.stages = [strategy.wrap(stage, job.dims, how) for stage in job.stages]
+        wrapped = model
+    else:
+        wrapped = strategy.wrap(model, job.dims, how)  # (views of several stages share its modules)
+        job.stages = [wrapped] if len(job.stages) == 1 else job.stages
     d = job.dims
     over = {"fsdp": f"dp_shard {d.dp_shard}", "hsdp": f"dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard}"}
     over["ddp"] = f"dp_replicate {d.dp_replicate}"
@@ -195,6 +222,7 @@ def parallelize(
     dims: ParallelDims | None = None,
     device: torch.device | None = None,
     tp_plan: str = "auto",
+    pipeline: PipelineLayout | None = None,
 ) -> Parallelized:
     """Apply the layout to ``model``, step by step in :data:`ORDER`; a meta-device model is materialised here.
 
@@ -216,11 +244,21 @@ def parallelize(
         precision = resolve_precision(precision, device.type)
     _check_process_group(dims)
     _not_yet(dims, "cp", "context parallelism (attention over sequence shards, a context of the training step)")
-    job = _Job(dims, parallel, precision, device, family_of(model), tp_plan)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    job = _Job(dims, parallel, precision, device, family_of(model), tp_plan, pipeline, rank)
     original, applied = model, []
     for _, step in ORDER:
         model, did = step(model, job)
         applied += [did] if did else []
     return Parallelized(
-        model, original, dims, device, precision.dtype, job.vocab_parallel, job.family.name, tuple(applied)
+        model,
+        original,
+        dims,
+        device,
+        precision.dtype,
+        job.vocab_parallel,
+        job.family.name,
+        tuple(applied),
+        job.stages,
+        pipeline if dims.pp > 1 else None,
     )

@@ -16,7 +16,7 @@ from disttrain.errors import ConfigError, MetaDeviceError, ModelBuildError, Voca
 from disttrain.launch.torchrun import check_nproc, default_nproc
 from disttrain.parallel import strategies
 from disttrain.parallel.env import resolve_device_type
-from disttrain.parallel.mesh import check_tp
+from disttrain.parallel.mesh import check_pp, check_tp
 from disttrain.plan.choose import decide, tp_as_given
 from disttrain.plan.estimate import Layout, plan_job, resolve_device_memory, resolved_precision
 from disttrain.plan.render import render
@@ -106,18 +106,46 @@ def check_tp_fits(cfg: JobConfig, tp: int) -> None:
     check_plan(model, plan_for(model, cfg.model.tp_plan, parallel.loss_parallel, parallel.sequence_parallel), tp)
 
 
+def _as_given(forced: str, tp: int, pp: int) -> str:
+    """Why the plan was not consulted: the model-parallel degrees are taken as the user gave them (for now)."""
+    if pp == 1:
+        return tp_as_given(tp) if forced == "auto" else f"forced, with tp {tp} (the plan does not cover TP yet)"
+    given = f"pp {pp}" + (f" x tp {tp}" if tp > 1 else "")
+    if forced == "auto":
+        return f"auto with a pipeline ({given}): the layout is taken as given (the plan does not cover pipelines yet)"
+    return f"forced, with {given} (the plan does not cover pipelines yet)"
+
+
+def check_pipeline_fits(cfg: JobConfig, dp_size: int) -> None:
+    """The pipeline the config asks for can be cut from this model and fed by this batch (checked on a
+    meta-device build, here in the parent: a wrong layout is one line, not a hang in N workers)."""
+    from disttrain.build import build_data, build_model, vocab_size
+    from disttrain.parallel.families import family_of
+    from disttrain.parallel.stages import plan_for_model
+
+    if cfg.precision.dtype == "fp16":
+        raise ConfigError("parallel.pp > 1 runs without fp16's loss scaler (not composed yet); use bf16 or fp32")
+    train, _, text = build_data(cfg)
+    model = build_model(cfg, vocab_size(train, text), on_meta=True)
+    plan_for_model(model, family_of(model).name, cfg.parallel, resolve_batch(cfg.train, dp_size).micro_batch)
+
+
 def choose_strategy(cfg: JobConfig, nproc: int, nnodes: int, device: str) -> StrategyChoice:
     """'auto' from the memory plan; a forced strategy is checked against it (ConfigError unless it fits
     or ``parallel.force``). A model the planner cannot profile keeps a forced strategy, with a warning."""
     if cfg.checkpoint.create_seed:
         return StrategyChoice("single", "seed checkpoint: one process")
-    tp = cfg.parallel.tp
-    if tp > 1:  # the plan does not cover TP yet: the layout as given (strategies.resolve_name decides auto)
-        check_tp(tp, nproc * nnodes)
-        check_tp_fits(cfg, tp)
+    tp, pp, world = cfg.parallel.tp, cfg.parallel.pp, nproc * nnodes
+    if tp > 1 or pp > 1:  # the plan does not cover TP or PP yet: the layout as given (resolve_name decides auto)
+        check_tp(tp, world)
+        check_pp(pp, world // tp)
+        if tp > 1:
+            check_tp_fits(cfg, tp)
+        if pp > 1:
+            check_pipeline_fits(cfg, world // (tp * pp))
         forced = cfg.parallel.strategy
-        reason = tp_as_given(tp) if forced == "auto" else f"forced, with tp {tp} (the plan does not cover TP yet)"
-        return StrategyChoice(strategies.resolve_name(forced, nproc * nnodes // tp, tp), reason)
+        reason = _as_given(forced, tp, pp)
+        return StrategyChoice(strategies.resolve_name(forced, world // (tp * pp), tp, pp), reason)
     layout = Layout(
         nproc,
         nnodes,

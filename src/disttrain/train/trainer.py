@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,9 @@ from disttrain.health.guard import StepGuard
 from disttrain.health.monitor import HealthMonitor, set_collective_timeout
 from disttrain.health.signals import PREEMPT
 from disttrain.parallel.env import DistEnv, init_distributed, seed_everything
+from disttrain.parallel.families import family_of
 from disttrain.parallel.parallelize import Parallelized, parallelize
+from disttrain.parallel.stages import plan_for_model
 from disttrain.parallel.strategies import dims_of
 from disttrain.parallel.tp import local_value
 from disttrain.plan.choose import resolve_here
@@ -49,6 +51,10 @@ from disttrain.train.optim import build_optimizer, lr_lambda, make_grad_scaler, 
 from disttrain.train.progress import FitResult, Progress, StepFigures, Throughput
 from disttrain.utils import hooks
 from disttrain.utils.gc import GarbageCollection
+
+if TYPE_CHECKING:
+    from disttrain.parallel.pipeline import Pipeline
+    from disttrain.parallel.pipeline_layout import PipelineLayout
 
 
 def _peak(device: torch.device, cfg: JobConfig) -> tuple[float, str]:
@@ -112,14 +118,24 @@ class Trainer:
         self.pace_watch = watch(self.plan.global_batch * self.tokens_per_sample) if callable(watch) else None
         # loss parallel needs our cross-entropy (torch's over vocabulary shards); any other loss gets full logits
         parallel = cfg.parallel if self.loss_fn is cross_entropy else replace(cfg.parallel, loss_parallel=False)
+        layout = None
+        if self.dims.pp > 1:  # the stages are cut from the whole model, before any other step
+            layout = plan_for_model(model, family_of(model).name, parallel, self.plan.micro_batch)
         self.model: Parallelized = parallelize(
-            model, parallel, cfg.precision, dims=self.dims, device=self.env.device, tp_plan=cfg.model.tp_plan
+            model,
+            parallel,
+            cfg.precision,
+            dims=self.dims,
+            device=self.env.device,
+            tp_plan=cfg.model.tp_plan,
+            pipeline=layout,
         )
         if cfg.model.weights:
             load_pretrained(self.model.inner, cfg.model.weights)  # each rank reads only its own slices
         self.optimizer = build_optimizer(self.model.module, cfg)
         self._app_state = ModelOptimState(self.model.module, self.optimizer)  # one for the job: it keeps a cache
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.pipeline = self._build_pipeline(layout)
         self.val = (
             eval_batches(val_data, self.plan.micro_batch, cfg.train.eval_batches, dp_rank, self.dims.dp_size)
             if val_data is not None
@@ -143,6 +159,30 @@ class Trainer:
         if "anomaly" in cfg.health.debug_presets:
             torch.autograd.set_detect_anomaly(True)  # names the op that produced a NaN in backward (slow)
         seed_everything(cfg.train.seed)
+
+    def _build_pipeline(self, layout: PipelineLayout | None) -> Pipeline | None:
+        """The schedule over this rank's stages (pp > 1): each pipeline micro-batch's loss divided by the pieces
+        of the step (accumulation steps x pipeline micro-batches), so the summed gradients are the step's mean, as
+        without a pipeline."""
+        if layout is None:
+            return None
+        from disttrain.parallel.pipeline import build_pipeline  # (torch.distributed.pipelining: only for pp > 1)
+
+        pieces = self.plan.accum_steps * layout.microbatches
+
+        def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.loss_fn(out, y) / pieces
+
+        group = self.dims.pp_mesh(self.env.device.type).get_group()
+        pp_rank = self.dims.pp_rank(self.env.rank)
+        return build_pipeline(self.model.stages, layout, pp_rank, group, self.env.device, loss)
+
+    def _loss_share(self, loss: float) -> float:
+        """This rank's part of the step's loss for the mean over every rank: under a pipeline only the ranks
+        holding the last stage have one (pp x theirs, so the mean over all ranks is the mean over theirs)."""
+        if self.pipeline is None:
+            return loss
+        return loss * self.dims.pp if self.pipeline.has_last else 0.0
 
     # -- one step -------------------------------------------------------------------------------
     def _all_reduce_mean(self, values: list[float]) -> list[float]:
@@ -168,6 +208,8 @@ class Trainer:
         ``around_forward(i)`` wraps micro-step i's forward and loss (e.g. to count saved tensors);
         ``after_backward(i)`` runs after its backward (e.g. to look at the gradients)."""
         n = len(micro_batches)
+        if self.pipeline is not None:
+            return self._pipeline_steps(micro_batches)
         loss_sum = torch.zeros((), device=self.env.device)
         for i, batch in enumerate(micro_batches):
             x, y = to_device(batch, self.env.device)
@@ -191,6 +233,20 @@ class Trainer:
     forward_backward = forward_backward_step
     """The name the Python API has always had."""
 
+    def _pipeline_steps(self, micro_batches: Sequence[Any]) -> torch.Tensor:
+        """Each micro-batch through the pipeline's schedule, forward and backward (the schedule cuts it into
+        its micro-batches); the sum of the micro-batches' mean losses where this rank holds the last stage."""
+        assert self.pipeline is not None
+        loss_sum = torch.zeros((), device=self.env.device)
+        for batch in micro_batches:
+            x, y = to_device(batch, self.env.device)
+            self.health.phase("forward")  # the schedule interleaves forward and backward: one phase for both
+            with self.model.autocast():
+                losses = self.pipeline.step(x, y)
+            if losses:  # each divided by the step's pieces (the pipeline's loss): their sum x accum is the mean
+                loss_sum += torch.stack([v.detach().float() for v in losses]).sum() * self.plan.accum_steps
+        return loss_sum
+
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step over ``accum_steps`` micro-batches: (mean loss, grad norm, stepped?)."""
         self.health.phase("data")
@@ -203,7 +259,7 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)  # clip and measure true gradients
         grad_norm = self.model.clip_grad_norm_(self.cfg.optim.grad_clip)
         # the step's one all-reduce also carries the stop signals, so every rank stops after the same step
-        loss_mean, stop = self._all_reduce_mean([float(loss_sum) / n, float(PREEMPT.requested)])
+        loss_mean, stop = self._all_reduce_mean([self._loss_share(float(loss_sum) / n), float(PREEMPT.requested)])
         self.stop_requested = stop > 0
         # Both figures are global (all-reduced), so every rank takes the same decision.
         bad = self.guard.check(loss_mean, grad_norm)  # None | "nonfinite" | "spike"
@@ -234,12 +290,17 @@ class Trainer:
         total = 0.0
         for batch in self.val:
             x, y = to_device(batch, self.env.device)
+            if self.pipeline is not None:
+                with self.model.autocast():
+                    losses = self.pipeline.step(x, y, train=False)  # divided by the step's pieces
+                total += float(torch.stack(losses).sum()) * self.plan.accum_steps if losses else 0.0
+                continue
             with self.model.autocast():
                 out = self.model(x, **self.objective.call_kwargs(x, y))
             with self.model.loss_parallel():
                 total += float(local_value(self.loss_fn(out, y)))
         self.model.module.train()
-        (mean,) = self._all_reduce_mean([total / len(self.val)])
+        (mean,) = self._all_reduce_mean([self._loss_share(total / len(self.val))])
         return mean
 
     # -- checkpoints ------------------------------------------------------------------------------

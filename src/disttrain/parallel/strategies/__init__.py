@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from disttrain.errors import ConfigError
-from disttrain.parallel.mesh import ParallelDims, check_tp
+from disttrain.parallel.mesh import ParallelDims, check_pp, check_tp
 from disttrain.parallel.strategies.base import Strategy, WrapSettings
 from disttrain.parallel.strategies.ddp import DDP
 from disttrain.parallel.strategies.fsdp import FSDP
@@ -38,31 +38,39 @@ def get(name: str) -> Strategy:
         raise ConfigError(f"strategy must be one of {NAMES} (or auto), got {name!r}") from None
 
 
-def resolve_name(name: str, world_size: int, tp: int = 1) -> str:
-    """'auto' without a memory plan: ddp over several data-parallel ranks (fsdp with tensor parallelism, which
-    DDP does not compose with), single alone (``disttrain run`` and the Trainer decide 'auto' from the plan
-    instead: :func:`disttrain.plan.choose.decide`). ``world_size`` counts data-parallel ranks (world / tp)."""
+def resolve_name(name: str, world_size: int, tp: int = 1, pp: int = 1) -> str:
+    """'auto' without a memory plan: ddp over several data-parallel ranks (fsdp with tensor or pipeline
+    parallelism, which DDP does not compose with), single alone (``disttrain run`` and the Trainer decide 'auto'
+    from the plan instead: :func:`disttrain.plan.choose.decide`). ``world_size`` counts data-parallel ranks
+    (world / (tp x pp))."""
     if name == "auto":
         if world_size == 1:
             return "single"
-        return "fsdp" if tp > 1 else "ddp"
+        return "fsdp" if tp > 1 or pp > 1 else "ddp"
     return get(name).name
 
 
 def dims_for(
-    name: str, world_size: int, replicate: int = -1, shard: int = -1, local_world_size: int | None = None, tp: int = 1
+    name: str,
+    world_size: int,
+    replicate: int = -1,
+    shard: int = -1,
+    local_world_size: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
 ) -> ParallelDims:
     """The degrees strategy ``name`` (not 'auto') with the config's ``replicate`` / ``shard`` (-1: the rest) means
-    over ``world_size`` ranks in data-parallel groups of ``tp``: single/ddp replicate over the ``world / tp``
-    groups, fsdp shards over them, hsdp shards within ``shard`` of them (a node's, by default) and replicates
-    across; a ConfigError naming the degrees and the fix where they do not fit."""
+    over ``world_size`` ranks in data-parallel groups of ``tp`` (``pp`` such groups per pipeline): single/ddp
+    replicate over the ``world / (tp x pp)`` groups, fsdp shards over them, hsdp shards within ``shard`` of them
+    (a node's, by default) and replicates across; a ConfigError naming the degrees and the fix where they do not fit."""
     check_tp(tp, world_size)
-    dp = world_size // tp
+    check_pp(pp, world_size // tp)
+    dp = world_size // (tp * pp)
     chosen = get(get(name).canonical(replicate))
     local_dp = None if local_world_size is None else max(local_world_size // tp, 1)
     dp_replicate, dp_shard = chosen.degrees(dp, replicate, shard, local_dp)
     chosen.check_tp(dp, tp)
-    return ParallelDims(world_size, dp_replicate, dp_shard, tp, fsdp=chosen.shards_parameters)
+    return ParallelDims(world_size, dp_replicate, dp_shard, tp, pp, fsdp=chosen.shards_parameters)
 
 
 def dims_from_config(
@@ -70,16 +78,18 @@ def dims_from_config(
 ) -> ParallelDims:
     """The layout of ``parallel`` over ``world_size`` ranks: ``strategy`` (default: ``parallel.strategy``,
     'auto' decided without a plan by :func:`resolve_name`) with ``parallel.replicate`` / ``parallel.shard``."""
-    check_tp(parallel.tp, world_size)
-    chosen = resolve_name(strategy or parallel.strategy, world_size // parallel.tp, parallel.tp)
-    return dims_for(chosen, world_size, parallel.replicate, parallel.shard, local_world_size, parallel.tp)
+    tp, pp = parallel.tp, parallel.pp
+    check_tp(tp, world_size)
+    check_pp(pp, world_size // tp)
+    chosen = resolve_name(strategy or parallel.strategy, world_size // (tp * pp), tp, pp)
+    return dims_for(chosen, world_size, parallel.replicate, parallel.shard, local_world_size, tp, pp)
 
 
 def dims_of(job: ResolvedJob) -> ParallelDims:
     """The layout a resolved job decided: its strategy and degrees as they are (an elastic job at another size,
     :meth:`~disttrain.config.ResolvedJob.at_world`, has the user's -1s back, filled in here)."""
-    tp = job.config.parallel.tp
-    return dims_for(job.strategy, job.world_size, job.replicate, job.shard, job.nproc, tp)
+    par = job.config.parallel
+    return dims_for(job.strategy, job.world_size, job.replicate, job.shard, job.nproc, par.tp, par.pp)
 
 
 def for_dims(dims: ParallelDims) -> Strategy:
