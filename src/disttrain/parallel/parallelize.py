@@ -141,7 +141,10 @@ def _tensor_parallel(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None
     if job.dims.tp == 1:
         return model, None
     par = job.parallel
-    plan = apply_tp(model, job.dims.tp_mesh(job.device.type), job.tp_plan, par.loss_parallel, par.sequence_parallel)
+    mesh, stage = job.dims.tp_mesh(job.device.type), job.dims.pp > 1  # a stage: the plan's paths it holds
+    # loss parallel (logits left sharded as a DTensor) hangs the pipeline's last stage in torch 2.13's schedules
+    # on gloo (seen here with 1f1b, pp 2 x tp 2): under a pipeline the logits are gathered
+    plan = apply_tp(model, mesh, job.tp_plan, par.loss_parallel and not stage, par.sequence_parallel, stage)
     job.vocab_parallel = plan.vocab_sharded
     return model, f"tp {job.dims.tp} ({job.family.describe_tp(job.tp_plan, plan.vocab_sharded, par.sequence_parallel)})"
 

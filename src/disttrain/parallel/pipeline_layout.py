@@ -173,7 +173,8 @@ class StageCosts:
 
 def balanced_starts(costs: StageCosts, stages: int) -> tuple[int, ...]:
     """Contiguous runs of blocks, one per stage, that make the costliest stage as cheap as it can be (the first
-    stage also pays ``costs.first``, the last ``costs.last``); ties go to the earliest, even split."""
+    stage also pays ``costs.first``, the last ``costs.last``); among splits as good, the most even one (the
+    least sum of squared stage costs)."""
     n = len(costs.blocks)
     prefix = [0.0]
     for c in costs.blocks:
@@ -183,16 +184,17 @@ def balanced_starts(costs: StageCosts, stages: int) -> tuple[int, ...]:
         extra = (costs.first if stage == 0 else 0.0) + (costs.last if stage == stages - 1 else 0.0)
         return prefix[j] - prefix[i] + extra
 
-    inf = float("inf")
-    # best[s][j]: the least max cost of the first s stages over blocks [0, j); cut[s][j] where stage s-1 begins
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    worst = (float("inf"), float("inf"))
+    # best[s][j]: (the costliest stage, the sum of squares) of the first s stages over blocks [0, j)
+    best = [[worst] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
+    best[0][0] = (0.0, 0.0)
     for s in range(1, stages + 1):
         for j in range(s, n - (stages - s) + 1):
             for i in range(s - 1, j):
-                value = max(best[s - 1][i], cost(i, j, s - 1))
-                if value < best[s][j] - 1e-12 * max(1.0, value):
+                c = cost(i, j, s - 1)
+                value = (max(best[s - 1][i][0], c), best[s - 1][i][1] + c * c)
+                if value < best[s][j]:
                     best[s][j], cut[s][j] = value, i
     starts, j = [], n
     for s in range(stages, 0, -1):

@@ -11,6 +11,7 @@ nothing) instead of a shape error deep in a forward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 from collections.abc import Iterator
 
@@ -28,10 +29,19 @@ from disttrain.parallel.tp_plans import TPPlan
 
 
 def apply_tp(
-    model: nn.Module, mesh: DeviceMesh, spec: str = "auto", loss_parallel: bool = True, sequence_parallel: bool = True
+    model: nn.Module,
+    mesh: DeviceMesh,
+    spec: str = "auto",
+    loss_parallel: bool = True,
+    sequence_parallel: bool = True,
+    stage: bool = False,
 ) -> TPPlan:
-    """Split ``model`` in place over the 1-D TP ``mesh`` by the plan ``spec`` names; returns the plan applied."""
+    """Split ``model`` in place over the 1-D TP ``mesh`` by the plan ``spec`` names; returns the plan applied.
+    A pipeline ``stage`` holds part of the model: the plan's paths it does not hold are left out."""
     plan = plan_for(model, spec, loss_parallel, sequence_parallel)
+    if stage:
+        held = {key: style for key, style in plan.styles.items() if matching(model, key)}
+        plan = dataclasses.replace(plan, styles=held, vocab_sharded=plan.vocab_sharded and "head" in held)
     check_plan(model, plan, mesh.size())
     parallelize_module(model, mesh, plan.styles)
     return plan

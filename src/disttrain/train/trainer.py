@@ -241,7 +241,7 @@ class Trainer:
         for batch in micro_batches:
             x, y = to_device(batch, self.env.device)
             self.health.phase("forward")  # the schedule interleaves forward and backward: one phase for both
-            with self.model.autocast():
+            with self.model.autocast(), self.model.loss_parallel():
                 losses = self.pipeline.step(x, y)
             if losses:  # each divided by the step's pieces (the pipeline's loss): their sum x accum is the mean
                 loss_sum += torch.stack([v.detach().float() for v in losses]).sum() * self.plan.accum_steps
@@ -291,7 +291,7 @@ class Trainer:
         for batch in self.val:
             x, y = to_device(batch, self.env.device)
             if self.pipeline is not None:
-                with self.model.autocast():
+                with self.model.autocast(), self.model.loss_parallel():
                     losses = self.pipeline.step(x, y, train=False)  # divided by the step's pieces
                 total += float(torch.stack(losses).sum()) * self.plan.accum_steps if losses else 0.0
                 continue
