@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -53,15 +54,61 @@ class Pipeline:
     def has_last(self) -> bool:
         return any(s.is_last for s in self.stages)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, train: bool = True) -> list[torch.Tensor]:
-        """One pass of the local micro-batch ``x`` (targets ``y``) through every stage, forward and backward
-        (``train``) or forward only; the per-micro-batch losses where this rank holds the last stage, else []."""
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        """One pass of the local micro-batch ``x`` (targets ``y``) through every stage, forward and backward;
+        the per-micro-batch losses where this rank holds the last stage, else []."""
         losses: list[torch.Tensor] = []
         args = (x,) if self.has_first else ()
         target = y if self.has_last else None
-        run = self.schedule.step if train else self.schedule.eval
-        run(*args, target=target, losses=losses if self.has_last else None, return_outputs=False)
+        self.schedule.step(*args, target=target, losses=losses if self.has_last else None, return_outputs=False)
         return losses
+
+    @torch.no_grad()
+    def forward_loss(
+        self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor | None:
+        """``loss_fn`` of the whole model on ``x`` and ``y``, forward only, stage after stage (each stage's
+        output sent to the next stage's rank): the loss where this rank holds the last stage, else None. For
+        evaluation, where no schedule is needed (torch 2.13's ``eval()`` of the V-shaped schedules hangs)."""
+        layout, me = self.layout, self.schedule_rank
+        mine = dict(zip(layout.stages_of(me), self.modules, strict=True))
+        hidden: torch.Tensor | None = x
+        for stage in range(layout.stages):
+            holder = layout.owner(stage)
+            if holder != me:
+                continue
+            if stage > 0 and layout.owner(stage - 1) != me:
+                hidden = _receive(self.group, layout.owner(stage - 1), x.device)
+            assert hidden is not None
+            hidden = mine[stage](hidden)
+            if stage + 1 < layout.stages and layout.owner(stage + 1) != me:
+                _send(hidden, self.group, layout.owner(stage + 1))
+        return loss_fn(hidden, y) if self.has_last and hidden is not None else None
+
+    @property
+    def schedule_rank(self) -> int:
+        return self.stages[0].group_rank
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        group = self.stages[0].group
+        assert group is not None
+        return group
+
+
+def _send(t: torch.Tensor, group: dist.ProcessGroup, to: int) -> None:
+    peer = dist.get_global_rank(group, to)
+    dist.send(torch.tensor(t.shape, dtype=torch.int64, device=t.device), peer, group=group)
+    dist.send(t.float().contiguous(), peer, group=group)  # fp32 on the wire, whatever autocast made
+
+
+def _receive(group: dist.ProcessGroup, source: int, device: torch.device) -> torch.Tensor:
+    peer = dist.get_global_rank(group, source)
+    shape = torch.zeros(3, dtype=torch.int64, device=device)  # (batch, time, width): a block's output
+    dist.recv(shape, peer, group=group)
+    out = torch.empty(tuple(shape.tolist()), dtype=torch.float32, device=device)
+    dist.recv(out, peer, group=group)
+    return out
 
 
 def build_pipeline(

@@ -53,6 +53,12 @@ class PipelineLayout:
             return [pp_rank, self.stages - 1 - pp_rank]
         return [pp_rank + v * self.pp for v in range(self.stages_per_rank)]
 
+    def owner(self, stage: int) -> int:
+        """The pipeline rank that holds ``stage``."""
+        if self.schedule in V_SHAPED:
+            return stage if stage < self.pp else self.stages - 1 - stage
+        return stage % self.pp
+
     def describe(self) -> str:
         """'pp 2 (1f1b, 4 micro-batches; stages: blocks 0-2 | 3-5)'."""
         spans = " | ".join(_span(self.blocks_of(s)) for s in range(self.stages))

@@ -292,8 +292,8 @@ class Trainer:
             x, y = to_device(batch, self.env.device)
             if self.pipeline is not None:
                 with self.model.autocast(), self.model.loss_parallel():
-                    losses = self.pipeline.step(x, y, train=False)  # divided by the step's pieces
-                total += float(torch.stack(losses).sum()) * self.plan.accum_steps if losses else 0.0
+                    loss = self.pipeline.forward_loss(x, y, self.loss_fn)
+                total += float(local_value(loss)) if loss is not None else 0.0
                 continue
             with self.model.autocast():
                 out = self.model(x, **self.objective.call_kwargs(x, y))
