@@ -67,6 +67,7 @@ class ModelOptimState(Stateful):
         # how the optimizer steps (fused, foreach) is this layout's choice, not the saving one's: fused kernels
         # refuse the DTensors of a tensor-parallel model that resumes a single process's checkpoint
         kernels = [{k: g[k] for k in IMPLEMENTATION if k in g} for g in self.optimizer.param_groups]
+        self._own_group_members(state_dict["optim"])
         set_state_dict(
             self.model,
             self.optimizer,
@@ -76,6 +77,18 @@ class ModelOptimState(Stateful):
         )
         for group, own in zip(self.optimizer.param_groups, kernels, strict=True):
             group.update(own)
+
+    def _own_group_members(self, osd: dict[str, Any]) -> None:
+        """Each param group's member list (FQNs) as this rank's optimizer has it: the saved one is one rank's
+        (the lists are written once, under one key), and a pipeline's ranks, or another layout's, hold other
+        parameters; the groups' settings are the same on every rank and stay as saved."""
+        assert self.optimizer is not None
+        info = self._state_dict_info(self.optimizer)
+        own: list[dict[str, Any]] = _dsd._get_optim_state_dict(self.model, (self.optimizer,), info)["param_groups"]  # type: ignore[assignment]
+        saved = osd.get("param_groups", [])
+        if len(saved) == len(own):
+            for group, mine in zip(saved, own, strict=True):
+                group["params"] = list(mine["params"])
 
 
 def rng_state() -> dict[str, torch.Tensor]:
