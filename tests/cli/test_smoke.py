@@ -1,6 +1,7 @@
-"""The smoke matrix: every strategy x 1 and 2 processes x the built-in GPT and a Hugging Face model, a few
-steps each through the real `disttrain run`. A change to one capability that breaks another fails here first
-(`--parallel.strategy fsdp --parallel.nproc 1` once failed for every model with a field nobody set)."""
+"""The smoke matrix: every strategy and layout (tensor and pipeline parallel included) x 1 and 2 processes x the
+built-in GPT and a Hugging Face model, a few steps each through the real `disttrain run`. A change to one
+capability that breaks another fails here first (`--parallel.strategy fsdp --parallel.nproc 1` once failed for
+every model with a field nobody set)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from conftest import disttrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-REPLICAS, TP = ("--parallel.replicate", "2"), ("--parallel.tp", "2")
+REPLICAS, TP, PP = ("--parallel.replicate", "2"), ("--parallel.tp", "2"), ("--parallel.pp", "2")
 LAYOUTS = [  # (strategy, processes, more settings, what the degrees run as)
     ("single", 1, (), "single"),
     ("ddp", 1, (), "single"),  # one replica: nothing to all-reduce
@@ -29,7 +30,10 @@ LAYOUTS = [  # (strategy, processes, more settings, what the degrees run as)
     ("hsdp", 2, (), "fsdp"),  # one node's ranks, one replica group: FSDP
     ("hsdp", 2, REPLICAS, "hsdp"),  # 2 replica groups of 1 shard
     ("auto", 2, TP, "single"),  # one data-parallel group split over 2 ranks
+    ("auto", 2, PP, "single"),  # one data-parallel group, its blocks in 2 pipeline stages
 ]
+NOT_YET = {("hf_gpt2", PP): "has no stage split yet"}
+"""Layouts a model family does not have yet: refused in one line before any worker starts."""
 MODELS = {"builtin": [], "hf_gpt2": ["--model.module", "hf_models:gpt2"]}
 
 
@@ -46,6 +50,9 @@ def test_every_strategy_on_one_and_two_processes_trains(tmp_path: Path, small_te
     failed = []
     for i, proc in enumerate(together(*(lambda i=i: run(i) for i in range(len(LAYOUTS))), at_once=2)):
         strategy, nproc, more, runs_as = LAYOUTS[i]
+        if (refusal := NOT_YET.get((model, more))) is not None:
+            assert proc.returncode == 2 and refusal in proc.stderr, proc.stderr[-1500:]
+            continue
         if proc.returncode != 0:
             failed.append(f"{strategy} x {nproc} {' '.join(more)}: {proc.stderr[-1500:]}")
             continue
