@@ -455,7 +455,12 @@ class Trainer:
         if warning := warmup_warning(self.cfg):
             progress.print(warning)
         if progress.console.enabled:
-            progress.print(model_summary(self.model.inner, env.world_size, self.dims.tp))
+            summary = model_summary(self.model.inner, env.world_size // self.dims.pp, self.dims.tp)
+            if self.pipeline is not None:  # this rank's part: the stages it holds
+                summary = summary.replace("model ", "this pipeline rank's part of the model ", 1)
+                summary += f"\npipeline: {self.pipeline.layout.describe()}; this rank holds stage(s) "
+                summary += ", ".join(str(s) for s in self.pipeline.layout.stages_of(self.dims.pp_rank(env.rank)))
+            progress.print(summary)
         if resumed is not None:
             progress.print(f"resumed from {resumed.path} (step {resumed.step}, sample {self.loader.position})")
         if env.is_main and (restart := restart_event(self.run_dir, resumed.step if resumed else None, env.world_size)):
