@@ -1,7 +1,7 @@
 """parallelize's one order (pipeline -> TP -> EP -> activation checkpointing -> compile -> data parallel) and the
 model families that depart from it only in their tensor-parallel plan: each family found for its models, each
-step's record, the degrees no step applies yet refused with the step's name, all on torch's fake process-group
-backend (one process standing for a rank of 4) and the meta device."""
+step's record (the pipeline split included), the degrees no step applies yet refused with the step's name, all on
+torch's fake process-group backend (one process standing for a rank of 4) and the meta device."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from disttrain.config import ParallelConfig
 from disttrain.errors import ConfigError
 from disttrain.parallel.mesh import ParallelDims
+from disttrain.parallel.families import family_of
 from disttrain.parallel.parallelize import parallelize
+from disttrain.parallel.stages import plan_for_model
 from disttrain.models.gpt import GPT, GPTConfig
 import hf_models
 warnings.simplefilter("ignore")
@@ -56,7 +58,9 @@ for model_name, degrees, settings in json.loads(sys.argv[1]):
     try:
         dims = ParallelDims(4, **degrees)
         dims.world_mesh("cpu")  # as the dry run: the meshes on CPU, whatever device parallelize names
-        done = parallelize(model, ParallelConfig(**settings), dims=dims, device=torch.device("meta"))
+        parallel = ParallelConfig(**settings, pp=dims.pp)
+        pipeline = plan_for_model(model, family_of(model).name, parallel, 8) if dims.pp > 1 else None
+        done = parallelize(model, parallel, dims=dims, device=torch.device("meta"), pipeline=pipeline)
         out.append({"family": done.family, "applied": list(done.applied)})
     except ConfigError as e:
         out.append({"error": str(e)})
@@ -73,6 +77,7 @@ def test_each_step_records_what_it_did_in_the_order() -> None:
         ("gpt2", {"dp_shard": 4}, {}),
         ("gpt", {"dp_replicate": 4, "dp_shard": 1, "fsdp": False}, {}),
         ("gpt", {"pp": 2, "dp_shard": 2}, {}),
+        ("llama", {"pp": 2, "dp_shard": 2}, {}),
         ("gpt", {"dp_shard": 4, "ep": 2}, {}),
         ("gpt", {"dp_shard": 2, "cp": 2}, {}),
         ("gpt", {"dp_replicate": 4, "dp_shard": 1, "fsdp": False}, {"offload": True}),
@@ -80,7 +85,7 @@ def test_each_step_records_what_it_did_in_the_order() -> None:
     code = [sys.executable, "-c", STEPS, json.dumps(cases)]
     done = subprocess.run(code, capture_output=True, text=True, timeout=400, env=child_env(TESTS))
     assert done.returncode == 0, done.stderr[-3000:]
-    gpt_tp, llama_tp, gpt2, ddp, pp, ep, cp, offload = json.loads(done.stdout)
+    gpt_tp, llama_tp, gpt2, ddp, pp, llama_pp, ep, cp, offload = json.loads(done.stdout)
     assert gpt_tp == {
         "family": "gpt",
         "applied": [
@@ -94,7 +99,12 @@ def test_each_step_records_what_it_did_in_the_order() -> None:
     assert llama_tp["applied"][1:] == ["activation checkpointing (2: 1 of 2 blocks)", "fsdp over dp_shard 2"]
     assert gpt2 == {"family": "hf-gpt2", "applied": ["fsdp over dp_shard 4"]}
     assert ddp["applied"] == ["ddp over dp_replicate 4"]
-    assert "has pp 2: ParallelDims admits it, but parallelize does not apply a pipeline split" in pp["error"]
+    # rank 1 of pp 2 x dp_shard 2 is pipeline rank 0: the first stage, then FSDP over its data-parallel pair
+    assert pp == {
+        "family": "gpt",
+        "applied": ["pp 2 (1f1b, 4 micro-batches; stages: blocks 0 | 1)", "fsdp over dp_shard 2"],
+    }
+    assert "the hf-decoder family has no stage split yet" in llama_pp["error"]
     assert "has ep 2" in ep["error"] and "expert parallelism" in ep["error"] and "set ep to 1" in ep["error"]
     assert "has cp 2" in cp["error"] and "context parallelism" in cp["error"]
     assert "parallel.offload keeps FSDP's shards in host memory" in offload["error"]

@@ -131,7 +131,7 @@ def _pipeline(model: nn.Module, job: _Job) -> tuple[nn.Module, str | None]:
     if job.pipeline is None:
         raise ConfigError(
             f"the layout {job.dims.describe()} has pp {job.dims.pp}: parallelize needs its pipeline layout "
-            "(pipeline=plan_pipeline(...), what the Trainer passes)"
+            "(pipeline=disttrain.parallel.stages.plan_for_model(...), as the Trainer passes it)"
         )
     job.stages = cut_model(model, job.pipeline, job.dims.pp_rank(job.rank), job.family.name)
     return model, job.pipeline.describe()
