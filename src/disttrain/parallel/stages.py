@@ -91,6 +91,8 @@ def _set(model: nn.Module, path: str, value: nn.Module | None) -> None:
 
 def _view(model: nn.Module, parts: StageParts, layout: PipelineLayout, stage: int) -> nn.Module:
     """A stage of ``model``: the same modules and parameters, holding only the stage's blocks and ends."""
+    # (a view copies the model's own module table only: the pieces must be the model's own attributes)
+    assert all("." not in name for name in (*parts.before, parts.blocks, *parts.after)), parts
     view = copy.copy(model)
     view.__dict__["_modules"] = dict(model._modules)
     own = model.get_submodule(parts.blocks)
