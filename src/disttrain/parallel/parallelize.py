@@ -59,7 +59,6 @@ class Parallelized:
     stages: list[nn.Module] = field(default_factory=list)
     """Under a pipeline (pp > 1): this rank's stage modules, parallelized, for
     :func:`~disttrain.parallel.pipeline.build_pipeline` (``module`` holds their parameters, with their names)."""
-    pipeline_layout: PipelineLayout | None = None
 
     @property
     def strategy(self) -> str:
@@ -263,5 +262,4 @@ def parallelize(
         job.family.name,
         tuple(applied),
         job.stages,
-        pipeline if dims.pp > 1 else None,
     )
